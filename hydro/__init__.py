@@ -1,0 +1,1 @@
+"""Hydro: surrogate-based, fused hyperparameter tuning."""

@@ -1,0 +1,30 @@
+"""The ``hydro`` command line: one sub-command per feature, each registered by its own module."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hydro", description="Hydro hyperparameter tuning on Ray Tune.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    # Each feature adds its sub-command here: ``module.add_subparser(sub)`` sets ``func`` on its parser.
+    for register in _registrars():
+        register(sub)
+    return parser
+
+
+def _registrars():
+    from hydro import demo
+
+    return [demo.add_subparser]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

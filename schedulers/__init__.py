@@ -1,0 +1,1 @@
+"""Decisions across trials and jobs: energy knobs, bubble placement."""
