@@ -1,0 +1,61 @@
+"""Fused ``Linear``: one batched matmul ``[F, N, in] x [F, in, out]``."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import FusedModule, factory_of, stacked_parameter
+
+
+class Linear(FusedModule):
+    """``F`` members of ``nn.Linear``. Input ``[F, *, in]`` (or shared ``[*, in]``), output ``[F, *, out]``.
+
+    Parameters: ``weight [F, out, in]``, ``bias [F, out]``.
+    """
+
+    supports_shared_input = True
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, num_members: int,
+                 device=None, dtype=None) -> None:
+        super().__init__(num_members)
+        factory = {"device": device, "dtype": dtype}
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = stacked_parameter((out_features, in_features), num_members, factory)
+        self.register_parameter("bias", stacked_parameter((out_features,), num_members, factory) if bias else None)
+        self.reset_parameters()
+
+    @classmethod
+    def from_module(cls, template: nn.Linear, num_members: int) -> "Linear":
+        return cls(template.in_features, template.out_features, template.bias is not None,
+                   num_members=num_members, **factory_of(template))
+
+    def member_module(self) -> nn.Linear:
+        return nn.Linear(self.in_features, self.out_features, self.bias is not None, **factory_of(self))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return fused_linear(x, self.weight, self.bias, shared=self.shared_input)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, " + super().extra_repr())
+
+
+def fused_linear(x: Tensor, weight: Tensor, bias: Tensor | None, *, shared: bool = False) -> Tensor:
+    """``y[f] = x[f] @ weight[f].T + bias[f]``.
+
+    ``x``: ``[F, *, in]``, or ``[*, in]`` shared by all members (then one GEMM against all ``F*out``
+    output columns, with no copy of ``x``). ``weight``: ``[F, out, in]``; ``bias``: ``[F, out]``.
+    Returns ``[F, *, out]``.
+    """
+    members, out_features, in_features = weight.shape
+    if shared:
+        y = F.linear(x, weight.reshape(members * out_features, in_features),
+                     None if bias is None else bias.reshape(-1))
+        return y.unflatten(-1, (members, out_features)).movedim(-2, 0)
+    flat = x.reshape(members, -1, in_features)
+    if bias is None:
+        y = torch.bmm(flat, weight.transpose(1, 2))
+    else:
+        y = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
+    return y.view(members, *x.shape[1:-1], out_features)

@@ -1,0 +1,78 @@
+"""Base of the fused optimizers: parameters ``[F, ...]``, hyperparameters per member.
+
+Every hyperparameter listed in ``per_member`` is a scalar (all members) or ``F`` values, stored in the
+parameter group as a float64 tensor ``[F]`` (so LR schedulers and slicing act on it per member). Groups
+may carry ``lr_mult``/``wd_mult`` (default 1): per-parameter multipliers applied on top, e.g. µP's.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+from hydro.nn.base import member_view
+
+
+def per_member(value, count: int, name: str) -> Tensor:
+    """``value`` (a scalar or ``count`` values) as a float64 CPU tensor ``[count]``."""
+    tensor = torch.as_tensor(value.detach().cpu() if isinstance(value, Tensor) else value, dtype=torch.float64)
+    tensor = tensor.flatten()
+    if tensor.numel() == 1:
+        return tensor.expand(count).clone()
+    if tensor.numel() != count:
+        raise ValueError(f"hyperparameter '{name}' needs a scalar or {count} values (one per member), "
+                         f"got {tensor.numel()}")
+    return tensor.clone()
+
+
+class FusedOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` for fused parameters whose leading dimension is the member (trial)."""
+
+    per_member: tuple[str, ...] = ("lr",)
+
+    def __init__(self, params: Iterable, defaults: dict) -> None:
+        self.num_members: int | None = None
+        super().__init__(params, {"lr_mult": 1.0, "wd_mult": 1.0, **defaults})
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        counts = {p.shape[0] if p.dim() else None for p in group["params"]}
+        if None in counts or len(counts) != 1 or (self.num_members is not None and counts != {self.num_members}):
+            raise ValueError(f"{type(self).__name__}: every parameter must be fused with the same leading member "
+                             f"dimension F (got leading sizes {sorted(map(str, counts))}); pass the parameters "
+                             f"of a hydro.fuse model or of hydro.nn layers")
+        self.num_members = counts.pop()
+        self._normalize(group)
+        self._validate(group)
+
+    def _normalize(self, group: dict) -> None:
+        for name in self.per_member:
+            group[name] = per_member(group[name], self.num_members, name)
+
+    def _validate(self, group: dict) -> None:
+        if (group["lr"] < 0).any():
+            raise ValueError(f"Invalid learning rate: {group['lr'].tolist()}")
+
+    @staticmethod
+    def _on(values: Tensor, like: Tensor) -> Tensor:
+        """Per-member values ``[F]`` as ``[F, 1, ..., 1]`` on ``like``'s device and dtype."""
+        return member_view(values.to(device=like.device, dtype=like.dtype), like.dim() - 1)
+
+    def member_hyperparameters(self, group: dict) -> dict[str, Tensor]:
+        return {name: group[name] for name in self.per_member}
+
+    @torch.no_grad()
+    def keep_members(self, index: Tensor) -> None:
+        """Keep only the members at ``index`` (hyperparameters and state); see ``hydro.keep_members``."""
+        old = self.num_members
+        for group in self.param_groups:
+            for name, values in self.member_hyperparameters(group).items():
+                group[name] = values.index_select(0, index.cpu())
+            self._normalize(group)
+        self.num_members = len(index)
+        for state in self.state.values():
+            for key, value in state.items():
+                if isinstance(value, Tensor) and value.dim() and value.shape[0] == old:
+                    state[key] = value.index_select(0, index.to(value.device))
