@@ -18,16 +18,15 @@ from torch import Tensor, nn
 from torch.fx import Node
 
 from hydro.nn import functional as trialwise_fn
-from hydro.nn.base import FusedModule, Unfusable, expand_members
-from hydro.nn.registry import ELEMENTWISE, RANDOM, is_registered, twin_type
-from hydro.nn.stateless import Vmapped
+from hydro.nn.base import expand_members
+from hydro.nn.registry import ELEMENTWISE, RANDOM, all_tensors, fuse_layer, is_registered, load_stacked
 from hydro.nn.vmap import VmapModule, mirror
 
 _TRACE_HELP = (
     "The usual cause is Python control flow on tensor values (if/for/while on a tensor, len() or .item() "
     "of a tensor) in forward. Fix: make that code static, or move it into its own submodule and pass that "
     "submodule's class in `hydro.fuse(..., leaf_modules=[ThatClass])`: it is then fused as a whole with "
-    "torch.vmap (exact, slower)."
+    "torch.vmap, or run member by member where vmap cannot run it (exact, slower)."
 )
 
 
@@ -216,42 +215,16 @@ def _ties(model: nn.Module) -> list[list[str]]:
 
 # --- building the fused model ---------------------------------------------------------------------------
 
-def _all_tensors(model: nn.Module) -> dict[str, Tensor]:
-    return {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
-
-
-@torch.no_grad()
-def _load_stacked(dst: nn.Module, members: list[nn.Module]) -> None:
-    """Copy the members' tensors, stacked, into ``dst`` (same names); parameters keep their attributes."""
-    sources = [_all_tensors(m) for m in members]
-    for name, tensor in _all_tensors(dst).items():
-        tensor.copy_(torch.stack([src[name].detach() for src in sources]))
-        if isinstance(tensor, nn.Parameter):
-            tensor.requires_grad_(sources[0][name].requires_grad)
-            tensor.__dict__.update(sources[0][name].__dict__)  # e.g. µP shape information
-
-
 def _make_twin(fused: FusedModel, path: str, modules: list[nn.Module]) -> nn.Module:
-    template, count = modules[0], len(modules)
-    if isinstance(template, ELEMENTWISE):
-        return copy.deepcopy(template)
-    twin_cls, twin = twin_type(template), None
-    if twin_cls is not None:
-        try:
-            twin = twin_cls.from_module(template, count)
-        except Unfusable as reason:
-            fused.fallbacks[path] = f"{reason}: fused with torch.vmap"
-    else:
-        fused.fallbacks[path] = f"no fused twin for {type(template).__name__}: fused with torch.vmap"
-    if twin is None:
-        twin = VmapModule(template, count) if _all_tensors(template) else Vmapped(copy.deepcopy(template), count)
-    _load_stacked(twin, modules)
+    twin, fallback = fuse_layer(modules)
+    if fallback:
+        fused.fallbacks[path] = fallback
     return twin
 
 
 def _build(models: list[nn.Module], graph: torch.fx.Graph, is_leaf, fused_inputs: bool) -> FusedModel:
     fused = FusedModel(len(models))
-    member_tensors = [_all_tensors(m) for m in models]
+    member_tensors = [all_tensors(m) for m in models]
 
     def stack(name: str, tensor: Tensor) -> Tensor:
         return torch.stack([t[name].detach() for t in member_tensors])
@@ -264,7 +237,7 @@ def _build(models: list[nn.Module], graph: torch.fx.Graph, is_leaf, fused_inputs
     for node in graph.nodes:  # tensor constants of the members' forward, shared by all members
         if node.op == "get_attr" and node.target not in member_tensors[0]:
             _set_path(fused, node.target, copy.deepcopy(_get_path(models[0], node.target)))
-    new_graph = _rewrite(graph, fused, models[0], member_tensors[0].keys(), fused_inputs)
+    new_graph = _rewrite(graph, fused, models, member_tensors[0].keys(), fused_inputs)
     fused.graph = new_graph
     fused._forward_fn = type(torch.fx.GraphModule(fused, new_graph)).forward
     fused._template = (copy.deepcopy(models[0]).to("cpu"),)
@@ -289,10 +262,10 @@ def _set_path(root: nn.Module, path: str, value) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, value)
 
 
-def _rewrite(graph: torch.fx.Graph, fused: FusedModel, ref: nn.Module, stacked: Iterable[str],
+def _rewrite(graph: torch.fx.Graph, fused: FusedModel, models: list[nn.Module], stacked: Iterable[str],
              fused_inputs: bool) -> torch.fx.Graph:
     """The members' graph with per-member semantics on fused values (see :mod:`hydro.nn.functional`)."""
-    stacked = set(stacked)
+    ref, stacked = models[0], set(stacked)
     is_fused: dict[Node, bool] = {}
     all_shared_sites: dict[str, bool] = {}
     for node in graph.nodes:
@@ -303,7 +276,7 @@ def _rewrite(graph: torch.fx.Graph, fused: FusedModel, ref: nn.Module, stacked: 
             is_fused[node] = node.target in stacked
         elif node.op == "call_module":
             module = ref.get_submodule(node.target)
-            keeps_shared = isinstance(module, ELEMENTWISE) or (not _all_tensors(module) and not isinstance(module, RANDOM))
+            keeps_shared = isinstance(module, ELEMENTWISE) or (not all_tensors(module) and not isinstance(module, RANDOM))
             is_fused[node] = any_fused or not keeps_shared
             all_shared_sites[node.target] = all_shared_sites.get(node.target, True) and not any_fused
         elif node.op in ("call_function", "call_method"):
@@ -339,6 +312,11 @@ def _rewrite(graph: torch.fx.Graph, fused: FusedModel, ref: nn.Module, stacked: 
                 module.shared_input = True
                 env[node] = new.node_copy(node, value)
             else:
+                if _fused_non_data_args(module, node, is_fused):  # e.g. a mask computed from member state
+                    module = VmapModule(ref.get_submodule(node.target), len(models))
+                    load_stacked(module, [m.get_submodule(node.target) for m in models])
+                    _set_path(fused, node.target, module)
+                    fused.fallbacks[node.target] = "per-member (fused) mask or extra argument: fused with torch.vmap"
                 args, kwargs = _expand_data_args(module, node, as_fused, value)
                 env[node] = new.call_module(node.target, args, kwargs)
         elif node.op in ("call_function", "call_method"):
@@ -361,13 +339,27 @@ def _mapped(node: Node, value) -> tuple[tuple, dict]:
     return torch.fx.node.map_arg(node.args, value), torch.fx.node.map_arg(node.kwargs, value)
 
 
+def _data_arg_names(module: nn.Module) -> list[str] | None:
+    data = getattr(module, "data_args", None)
+    return None if data is None else list(inspect.signature(module.forward).parameters)[:data]
+
+
+def _fused_non_data_args(module: nn.Module, node: Node, is_fused: dict[Node, bool]) -> bool:
+    names = _data_arg_names(module)
+    if names is None:
+        return False
+    extra = [*node.args[len(names):], *(v for k, v in node.kwargs.items() if k not in names)]
+    found: list[Node] = []
+    torch.fx.node.map_arg(extra, found.append)
+    return any(is_fused[n] for n in found)
+
+
 def _expand_data_args(module: nn.Module, node: Node, as_fused, value) -> tuple[tuple, dict]:
     """Shared values passed as member data to a fused layer become ``[F, ...]`` views; the rest as is."""
-    data = getattr(module, "data_args", None)
-    if data is None:
+    names = _data_arg_names(module)
+    if names is None:
         return tuple(as_fused(a) for a in node.args), {k: as_fused(v) for k, v in node.kwargs.items()}
-    names = list(inspect.signature(module.forward).parameters)[:data]
-    args = tuple(as_fused(a) if i < data else torch.fx.node.map_arg(a, value) for i, a in enumerate(node.args))
+    args = tuple(as_fused(a) if i < len(names) else torch.fx.node.map_arg(a, value) for i, a in enumerate(node.args))
     kwargs = {k: as_fused(v) if k in names else torch.fx.node.map_arg(v, value) for k, v in node.kwargs.items()}
     return args, kwargs
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from .base import member_view, shift_dim
@@ -79,8 +80,7 @@ def trialwise(fn: Callable, arg_dims: tuple, kwarg_dims: dict) -> Callable:
                   **{k: align(v, kwarg_dims[k]) for k, v in kwargs.items()})
 
     def apply_vmapped(*args, **kwargs):
-        return torch.vmap(lambda a, k: fn(*a, **k), in_dims=(arg_dims, kwarg_dims), randomness="different")(
-            args, kwargs)
+        return vmap_members(lambda a, k: fn(*a, **k), (arg_dims, kwarg_dims), (args, kwargs))
 
     def apply_getitem(value, index):
         if not isinstance(value, Tensor):  # a tuple of fused outputs
@@ -108,3 +108,46 @@ def method_caller(name: str) -> Callable:
 
     call.__name__ = call.method_name = name
     return call
+
+
+def tensor_dims(tree):
+    """vmap ``in_dims`` for a pytree of arguments: 0 for every tensor, ``None`` for anything else."""
+    return pytree.tree_map(lambda leaf: 0 if isinstance(leaf, Tensor) else None, tree)
+
+
+def vmap_members(fn: Callable, in_dims: tuple, inputs: tuple):
+    """``torch.vmap(fn, in_dims)(*inputs)`` over the member dimension, with independent randomness per member;
+    non-tensor outputs (``None`` attention weights, sizes) are passed through as computed."""
+    passthrough: dict = {}
+
+    def tensors_only(*args):
+        leaves, spec = pytree.tree_flatten(fn(*args))
+        passthrough["spec"], passthrough["leaves"] = spec, leaves
+        return tuple(leaf for leaf in leaves if isinstance(leaf, Tensor))
+
+    tensors = iter(torch.vmap(tensors_only, in_dims=in_dims, randomness="different")(*inputs))
+    leaves = [next(tensors) if isinstance(leaf, Tensor) else leaf for leaf in passthrough["leaves"]]
+    return pytree.tree_unflatten(leaves, passthrough["spec"])
+
+
+def loop_members(fn: Callable, in_dims: tuple, inputs: tuple, count: int):
+    """``fn`` called once per member on its slices of the fused inputs; tensor outputs stacked ``[F, ...]``."""
+    flat, spec = pytree.tree_flatten(inputs)
+    dims = pytree.tree_flatten(_broadcast_dims(in_dims, inputs))[0]
+    outputs = []
+    for i in range(count):
+        member = [leaf[i] if d == 0 and isinstance(leaf, Tensor) else leaf for leaf, d in zip(flat, dims)]
+        outputs.append(pytree.tree_flatten(fn(*pytree.tree_unflatten(member, spec))))
+    leaves, out_spec = outputs[0]
+    stacked = [torch.stack([out[0][j] for out in outputs]) if isinstance(leaf, Tensor) else leaf
+               for j, leaf in enumerate(leaves)]
+    return pytree.tree_unflatten(stacked, out_spec)
+
+
+def _broadcast_dims(dims, tree):
+    """``dims`` expanded to one entry per leaf of ``tree`` (an int or ``None`` covers a whole subtree)."""
+    if dims is None or isinstance(dims, int):
+        return pytree.tree_map(lambda _: dims, tree)
+    if isinstance(tree, dict):
+        return {k: _broadcast_dims(dims[k], v) for k, v in tree.items()}
+    return type(tree)(_broadcast_dims(d, t) for d, t in zip(dims, tree))

@@ -1,16 +1,20 @@
 """Which fused twin replaces which ``torch.nn`` layer."""
 from __future__ import annotations
 
-from torch import nn
+import copy
+
+import torch
+from torch import Tensor, nn
 
 from . import stateless
 from .attention import MultiheadAttention
-from .base import FusedModule
+from .base import FusedModule, Unfusable
 from .conv import Conv1d, Conv2d
 from .embedding import Embedding
 from .linear import Linear
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
 from .transformer import TransformerEncoder, TransformerEncoderLayer
+from .vmap import VmapModule
 
 _TWINS: dict[type[nn.Module], type[FusedModule]] = {
     nn.Linear: Linear,
@@ -61,3 +65,40 @@ def register_twin(module_type: type[nn.Module], twin: type[FusedModule]) -> None
 
 def is_registered(module: nn.Module) -> bool:
     return type(module) in _TWINS
+
+
+def all_tensors(module: nn.Module) -> dict[str, Tensor]:
+    """Every parameter and buffer (non-persistent ones too) by qualified name, shared ones under each name."""
+    return {**dict(module.named_parameters(remove_duplicate=False)),
+            **dict(module.named_buffers(remove_duplicate=False))}
+
+
+def fuse_layer(modules: list[nn.Module]) -> tuple[nn.Module, str | None]:
+    """The fused twin of ``F`` same-configured layers holding their tensors stacked, and — when the generic
+    ``torch.vmap`` fallback had to be used — the reason. Element-wise stateless layers come back as is."""
+    template, count = modules[0], len(modules)
+    if isinstance(template, ELEMENTWISE):
+        return copy.deepcopy(template), None
+    twin_cls, twin, fallback = twin_type(template), None, None
+    if twin_cls is not None:
+        try:
+            twin = twin_cls.from_module(template, count)
+        except Unfusable as reason:
+            fallback = f"{reason}: fused with torch.vmap"
+    else:
+        fallback = f"no fused twin for {type(template).__name__}: fused with torch.vmap"
+    if twin is None:
+        twin = VmapModule(template, count) if all_tensors(template) else stateless.Vmapped(copy.deepcopy(template), count)
+    load_stacked(twin, modules)
+    return twin, fallback
+
+
+@torch.no_grad()
+def load_stacked(dst: nn.Module, members: list[nn.Module]) -> None:
+    """Copy the members' tensors, stacked, into ``dst`` (same names); parameters keep their attributes."""
+    sources = [all_tensors(m) for m in members]
+    for name, tensor in all_tensors(dst).items():
+        tensor.copy_(torch.stack([src[name].detach() for src in sources]))
+        if isinstance(tensor, nn.Parameter):
+            tensor.requires_grad_(sources[0][name].requires_grad)
+            tensor.__dict__.update(sources[0][name].__dict__)  # e.g. µP shape information

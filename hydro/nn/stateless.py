@@ -6,11 +6,11 @@ Pooling and channel dropout act per channel, so members' channels are laid side 
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import FusedModule, Unfusable, expand_members, merge_channels, shift_dim, split_channels
+from .functional import tensor_dims, vmap_members
 
 
 class _Wrapped(FusedModule):
@@ -87,10 +87,7 @@ class Vmapped(_Wrapped):
     """Any other parameter-free layer, applied per member under ``torch.vmap`` (inputs all fused)."""
 
     def forward(self, *args, **kwargs):
-        from .vmap import tensor_dims
-
-        return torch.vmap(lambda a, k: self.op(*a, **k), in_dims=(tensor_dims(args), tensor_dims(kwargs)),
-                          randomness="different")(args, kwargs)
+        return vmap_members(lambda a, k: self.op(*a, **k), (tensor_dims(args), tensor_dims(kwargs)), (args, kwargs))
 
 
 def _spatial_dims(op: nn.Module) -> int:

@@ -12,6 +12,10 @@ from torch import nn
 from torch.func import functional_call
 
 from .base import FusedModule
+from .functional import loop_members, tensor_dims, vmap_members
+
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
 def mirror(template: nn.Module, make_tensor, container: nn.Module | None = None, make_module=None) -> nn.Module:
@@ -37,8 +41,9 @@ def mirror(template: nn.Module, make_tensor, container: nn.Module | None = None,
             replacement = make_module(prefix + name, child) if make_module is not None else None
             if replacement is not None:
                 dst.add_module(name, replacement)
-            else:
-                dst.add_module(name, nn.Module())
+            else:  # containers keep their type, so indexing (model.net[0]) works on the copy too
+                container_type = type(child) if type(child) in _CONTAINERS else nn.Module
+                dst.add_module(name, container_type())
                 fill(dst._modules[name], child, f"{prefix}{name}.")
 
     fill(root, template, "")
@@ -46,10 +51,11 @@ def mirror(template: nn.Module, make_tensor, container: nn.Module | None = None,
 
 
 class VmapModule(FusedModule):
-    """``F`` members of any module: ``forward`` is the member's forward vmapped over stacked state.
+    """``F`` members of any module: the member's forward under ``torch.vmap`` over stacked state, or — for a
+    forward vmap cannot run (data-dependent control flow) — one call per member on its slice of the state.
 
     Every tensor argument is fused ``[F, ...]`` (the binder expands shared inputs); every tensor output is
-    ``[F, ...]``. Random operations draw independently per member.
+    ``[F, ...]``. Random operations draw independently per member. ``mode`` says which path runs.
     """
 
     data_args = None
@@ -59,6 +65,7 @@ class VmapModule(FusedModule):
         mirror(template, lambda _, t: t.detach().unsqueeze(0).repeat(num_members, *([1] * t.dim())), self)
         # The member module runs only through functional_call, which supplies every tensor of its state.
         self._member = (copy.deepcopy(template).to("meta"),)
+        self.mode = "vmap"
 
     @classmethod
     def from_module(cls, template: nn.Module, num_members: int) -> "VmapModule":
@@ -72,13 +79,15 @@ class VmapModule(FusedModule):
         def call(state_, args_, kwargs_):
             return functional_call(member, state_, args_, kwargs_)
 
+        inputs = (state, args, kwargs)
         in_dims = (0, tensor_dims(args), tensor_dims(kwargs))
-        return torch.vmap(call, in_dims=in_dims, randomness="different")(state, args, kwargs)
+        if self.mode == "vmap":
+            try:
+                return vmap_members(call, in_dims, inputs)
+            except RuntimeError as vmap_error:  # e.g. data-dependent control flow: run member by member
+                self.mode = "loop"
+                self.vmap_error = str(vmap_error).splitlines()[0]
+        return loop_members(call, in_dims, inputs, self.num_members)
 
     def extra_repr(self) -> str:
-        return f"{type(self._member[0]).__name__}, " + super().extra_repr()
-
-
-def tensor_dims(tree):
-    """vmap ``in_dims`` for a pytree of arguments: 0 for every tensor, ``None`` for anything else."""
-    return torch.utils._pytree.tree_map(lambda leaf: 0 if isinstance(leaf, torch.Tensor) else None, tree)
+        return f"{type(self._member[0]).__name__}, mode={self.mode}, " + super().extra_repr()

@@ -60,18 +60,13 @@ class FusedOptimizer(torch.optim.Optimizer):
         """Per-member values ``[F]`` as ``[F, 1, ..., 1]`` on ``like``'s device and dtype."""
         return member_view(values.to(device=like.device, dtype=like.dtype), like.dim() - 1)
 
-    def member_hyperparameters(self, group: dict) -> dict[str, Tensor]:
-        return {name: group[name] for name in self.per_member}
-
     @torch.no_grad()
     def keep_members(self, index: Tensor) -> None:
         """Keep only the members at ``index`` (hyperparameters and state); see ``hydro.keep_members``."""
-        old = self.num_members
+        old, self.num_members = self.num_members, len(index)
         for group in self.param_groups:
-            for name, values in self.member_hyperparameters(group).items():
-                group[name] = values.index_select(0, index.cpu())
-            self._normalize(group)
-        self.num_members = len(index)
+            for name in self.per_member:
+                group[name] = group[name].index_select(0, index.cpu())
         for state in self.state.values():
             for key, value in state.items():
                 if isinstance(value, Tensor) and value.dim() and value.shape[0] == old:

@@ -1,0 +1,1 @@
+"""Bundled offline examples: plain-torch models and datasets that need no download."""
