@@ -38,11 +38,13 @@ class BatchSizeBandit:
     sampled cost. :attr:`stop_cost` = β·(minimum converged cost) is the early-stopping bound.
 
     The defaults are Hydro's policy; :meth:`zeus` builds the faithful Zeus baseline. Hydro differs in
-    three measured ways: one pruning round instead of two (the second mostly re-pays for arms Thompson
-    sampling would drop anyway); runs that did not converge are right-censored: their cost counts as
-    at least the current bound instead of the (smaller) cost at which they were stopped, and runs that
-    never started (huge cost) cannot blow up the statistics; and the noise variance of an arm is floored
-    by the coefficient of variation pooled over all arms, so an arm seen once is not treated as certain.
+    three ways, each measured with the trace simulator: one pruning round instead of two (the second
+    mostly re-pays for arms Thompson sampling drops anyway); a pruning direction also stops at the
+    first batch size whose cost is more than ``(1 + prune_margin)`` x the cheapest converged run so
+    far (costs rise away from the optimum, so going on rarely finds a better arm); and runs that did
+    not converge are right-censored: their cost counts as the current bound β·(min cost) instead of
+    the cost at which they were stopped, so runs that never started (huge cost) or were stopped early
+    cannot distort an arm's statistics.
     """
 
     def __init__(
@@ -54,8 +56,7 @@ class BatchSizeBandit:
         beta: float = 2.0,
         pruning_rounds: int = 1,
         censor_failures: bool = True,
-        pooled_noise: bool = True,
-        prior_cv: float = 0.1,
+        prune_margin: float | None = 0.5,
     ) -> None:
         sizes = sorted({int(b) for b in batch_sizes})
         if default not in sizes:
@@ -69,8 +70,7 @@ class BatchSizeBandit:
         self.beta = float(beta)
         self.pruning_rounds = pruning_rounds
         self.censor_failures = censor_failures
-        self.pooled_noise = pooled_noise
-        self.prior_cv = prior_cv
+        self.prune_margin = prune_margin
         self._rng = np.random.default_rng(seed)
         self._history: list[Observation] = []
         self._pending: Counter[int] = Counter()
@@ -80,8 +80,10 @@ class BatchSizeBandit:
 
     @classmethod
     def zeus(cls, batch_sizes: Iterable[int], default: int, *, seed: int | None = None, beta: float = 2.0) -> BatchSizeBandit:
-        """Zeus's policy: two pruning rounds, raw costs of failed runs, flat prior, sample variance."""
-        return cls(batch_sizes, default, seed=seed, beta=beta, pruning_rounds=2, censor_failures=False, pooled_noise=False)
+        """Zeus's policy: two pruning rounds stopping only at failures, raw costs of failed runs."""
+        return cls(
+            batch_sizes, default, seed=seed, beta=beta, pruning_rounds=2, censor_failures=False, prune_margin=None
+        )
 
     # ----------------------------------------------------------------- state
     @property
@@ -100,10 +102,16 @@ class BatchSizeBandit:
         return list(self._survivors)
 
     @property
+    def min_cost(self) -> float | None:
+        """Lowest cost (J) of a converged run, or None before any converged run."""
+        costs = [o.cost for o in self._history if o.converged]
+        return min(costs) if costs else None
+
+    @property
     def stop_cost(self) -> float | None:
         """Early-stopping bound β·(min cost of a converged run) in J, or None before any converged run."""
-        costs = [o.cost for o in self._history if o.converged]
-        return self.beta * min(costs) if costs else None
+        best = self.min_cost
+        return None if best is None else self.beta * best
 
     # ----------------------------------------------------------------- pruning
     def _next_pruning_candidate(self) -> int | None:
@@ -123,6 +131,11 @@ class BatchSizeBandit:
                 if not results[b]:
                     break
         return None
+
+    def _clearly_worse(self, cost: float) -> bool:
+        """True if ``cost`` exceeds (1 + prune_margin) x the cheapest converged run so far."""
+        best = self.min_cost
+        return self.prune_margin is not None and best is not None and cost > (1 + self.prune_margin) * best
 
     def _close_round_if_done(self) -> None:
         while self.pruning and self._next_pruning_candidate() is None:
@@ -148,31 +161,20 @@ class BatchSizeBandit:
                 values.append(o.cost)
         return values
 
-    def _posterior(self, values: list[float], pooled_cv2: float) -> tuple[float, float]:
-        """Posterior (mean, std) of an arm's mean cost under a flat prior (Zeus's formulas with
-        σ̂₀⁻² = 0: σ̂² = σ̃²/n, μ̂ = mean)."""
-        n = len(values)
-        mean = float(np.mean(values))
-        if self.pooled_noise:
-            sample_var = float(np.var(values, ddof=1)) if n > 1 else 0.0
-            noise_var = max(sample_var, pooled_cv2 * mean**2)
-        else:
-            noise_var = float(np.var(values))  # Zeus: zero variance means infinite precision
-        return mean, math.sqrt(noise_var / n)
-
-    def _pooled_cv2(self, per_arm: dict[int, list[float]]) -> float:
-        ratios = [np.var(v, ddof=1) / np.mean(v) ** 2 for v in per_arm.values() if len(v) > 1 and np.mean(v) > 0]
-        return float(np.mean(ratios)) if ratios else self.prior_cv**2
+    @staticmethod
+    def _posterior(values: list[float]) -> tuple[float, float]:
+        """Posterior (mean, std) of an arm's mean cost, Zeus's formulas with a flat prior (σ̂₀⁻² = 0):
+        σ̂² = σ̃²/n with σ̃² = Var(C_b), μ̂ = mean(C_b). One observation gives σ̃² = 0 (exploit)."""
+        return float(np.mean(values)), math.sqrt(float(np.var(values)) / len(values))
 
     def _thompson(self) -> int:
         per_arm = {a: self._arm_values(a) for a in self._survivors}
         unseen = [a for a, v in per_arm.items() if not v]
         if unseen:
             return min(unseen, key=lambda a: abs(a - self.default))
-        cv2 = self._pooled_cv2(per_arm)
         samples = {}
         for arm, values in per_arm.items():
-            mean, std = self._posterior(values, cv2)
+            mean, std = self._posterior(values)
             samples[arm] = self._rng.normal(mean, std) if std > 0 else mean
         return min(samples, key=samples.__getitem__)
 
@@ -207,5 +209,5 @@ class BatchSizeBandit:
             self._pending[batch_size] -= 1
         self._history.append(Observation(int(batch_size), float(cost), bool(converged)))
         if self.pruning and batch_size in self._survivors and batch_size not in self._round_results:
-            self._round_results[batch_size] = bool(converged)
+            self._round_results[batch_size] = bool(converged) and not self._clearly_worse(cost)
             self._close_round_if_done()

@@ -126,7 +126,7 @@ class JobSimulator:
                 time += span * (p.time_per_epoch_s - at.time_per_epoch_s)
         return energy, time
 
-    def _expected(self, b: int, limit: int) -> tuple[float, float, float]:
+    def expected(self, b: int, limit: int) -> tuple[float, float, float]:
         """Expected (cost J, energy J, time s) of one unbounded run of b at ``limit``, no profiling."""
         runs = [self._run(b, limit, e if math.isfinite(e) else self.workload.max_epochs, False) for e in self._paths[b]]
         energy = float(np.mean([r[0] for r in runs]))
@@ -135,7 +135,7 @@ class JobSimulator:
 
     def oracle(self) -> tuple[int, float]:
         """Best fixed arm: (batch size, expected cost per run in J) at its JIT power limit."""
-        costs = {b: self._expected(b, self.power_limit[b])[0] for b in self.batch_sizes}
+        costs = {b: self.expected(b, self.power_limit[b])[0] for b in self.batch_sizes}
         best = min(costs, key=costs.__getitem__)
         return best, costs[best]
 
@@ -161,7 +161,7 @@ class JobSimulator:
             profiled.add(b)
             bandit.observe(b, cost, converged)
         max_limit = int(self.max_power_w)
-        default_cost, default_energy, default_time = self._expected(self.default_batch_size, max_limit)
+        default_cost, default_energy, default_time = self.expected(self.default_batch_size, max_limit)
         oracle_b, oracle_cost = self.oracle()
         return SimulationResult(
             workload=self.workload.dataset,
