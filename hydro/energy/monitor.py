@@ -53,15 +53,21 @@ class EnergyMonitor:
             raise WindowError(f"window {name!r} is already open; end it first or use another name.")
         self._open[name] = (self._clock(), self._read())
 
-    def end_window(self, name: str) -> Measurement:
-        """Close window ``name`` and return its time (s) and energy per device (J)."""
+    def peek_window(self, name: str) -> Measurement:
+        """Time (s) and energy per device (J) of open window ``name`` so far; it stays open."""
         if name not in self._open:
             raise WindowError(f"window {name!r} was not begun (open: {sorted(self._open)}).")
-        start, before = self._open.pop(name)
+        start, before = self._open[name]
         after = self._read()
         return Measurement(
             self._clock() - start, {d.name: a - b for d, a, b in zip(self.devices, after, before)}
         )
+
+    def end_window(self, name: str) -> Measurement:
+        """Close window ``name`` and return its time (s) and energy per device (J)."""
+        measurement = self.peek_window(name)
+        del self._open[name]
+        return measurement
 
     def cancel_window(self, name: str) -> None:
         """Drop window ``name`` without measuring (e.g. when the measured code raised)."""

@@ -28,6 +28,12 @@ class Observation:
     converged: bool
 
 
+def min_converged_cost(history: Iterable[Observation]) -> float | None:
+    """Lowest cost (J) among converged runs, or None if none converged."""
+    costs = [o.cost for o in history if o.converged]
+    return min(costs) if costs else None
+
+
 class BatchSizeBandit:
     """Chooses the batch size of each recurrence of a job.
 
@@ -104,8 +110,7 @@ class BatchSizeBandit:
     @property
     def min_cost(self) -> float | None:
         """Lowest cost (J) of a converged run, or None before any converged run."""
-        costs = [o.cost for o in self._history if o.converged]
-        return min(costs) if costs else None
+        return min_converged_cost(self._history)
 
     @property
     def stop_cost(self) -> float | None:
@@ -197,6 +202,11 @@ class BatchSizeBandit:
         self._pending[choice] += 1
         return choice
 
+    def cancel(self, batch_size: int) -> None:
+        """Forget a choice whose run will never start (no observation is recorded)."""
+        if self._pending[batch_size]:
+            self._pending[batch_size] -= 1
+
     def observe(self, batch_size: int, cost: float, converged: bool) -> None:
         """Record a finished (or stopped, or never started) run of ``batch_size`` with ``cost`` (J)."""
         if batch_size not in self.batch_sizes:
@@ -205,8 +215,7 @@ class BatchSizeBandit:
             raise BanditError(f"cost={cost} for batch size {batch_size} must be a non-negative number (J).")
         if converged and not math.isfinite(cost):
             raise BanditError(f"a converged run of batch size {batch_size} needs a finite cost, got {cost}.")
-        if self._pending[batch_size]:
-            self._pending[batch_size] -= 1
+        self.cancel(batch_size)
         self._history.append(Observation(int(batch_size), float(cost), bool(converged)))
         if self.pruning and batch_size in self._survivors and batch_size not in self._round_results:
             self._round_results[batch_size] = bool(converged) and not self._clearly_worse(cost)

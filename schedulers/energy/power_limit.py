@@ -48,6 +48,17 @@ class PowerLimitOptimizer:
         self.max_power_w = float(max_power_w)
         self._measurements: dict[int, LimitMeasurement] = {}
 
+    @classmethod
+    def from_measurements(
+        cls, windows: Iterable[LimitMeasurement], *, eta: float = 0.5, max_power_w: float
+    ) -> PowerLimitOptimizer:
+        """An optimizer over the limits of stored ``windows``, with all of them observed."""
+        windows = list(windows)
+        opt = cls([w.power_limit_w for w in windows], eta=eta, max_power_w=max_power_w)
+        for w in windows:
+            opt.observe(w.power_limit_w, w.time_s, w.energy_j)
+        return opt
+
     def observe(self, power_limit: float, time_s: float, energy_j: float) -> None:
         """Record one profiling window at ``power_limit`` (W): duration ``time_s`` (s), ``energy_j`` (J)."""
         limit = int(power_limit)
