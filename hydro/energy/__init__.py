@@ -11,17 +11,25 @@ from hydro.energy.device import (
     PermissionDenied,
 )
 from hydro.energy.monitor import EnergyMonitor, Measurement
+from hydro.energy.detect import EnergyWarning, detect_devices
+from hydro.energy.power_limit import PowerLimitProfiler, PowerLimitWarning
 from hydro.energy.simulated import SimulatedDevice, VirtualClock
+from hydro.energy.trial import TrialEnergy
 
 __all__ = [
     "DeviceNotFound",
     "EnergyDevice",
     "EnergyError",
     "EnergyMonitor",
+    "EnergyWarning",
     "LibraryNotFound",
     "Measurement",
     "NotSupported",
     "PermissionDenied",
+    "PowerLimitProfiler",
+    "PowerLimitWarning",
     "SimulatedDevice",
+    "TrialEnergy",
     "VirtualClock",
+    "detect_devices",
 ]

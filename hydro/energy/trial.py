@@ -61,7 +61,6 @@ class TrialEnergy:
         self.store, self.model, self.batch_size = store, model, int(batch_size)
         self.eta, self.max_power_w = eta, float(max_power_w)
         self._monitor = EnergyMonitor(devices, clock)
-        self._clock = clock
         self._profiling_args = {"eta": eta, "warmup_steps": warmup_steps, "window_steps": window_steps, "clock": clock}
         self._poll_steps = poll_steps
         self._steps = 0

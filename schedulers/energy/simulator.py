@@ -119,7 +119,8 @@ class JobSimulator:
         if profile:
             window = self.profile_steps / math.ceil(self.workload.train_samples / b)  # epochs per window
             left = epochs
-            for p in sorted(self._power[b].values(), key=lambda q: -q.average_power_w):
+            for limit_w in sorted(self._power[b], reverse=True):  # JIT order: highest limit first
+                p = self._power[b][limit_w]
                 span = min(window, left)
                 left -= span
                 energy += span * (p.time_per_epoch_s * p.average_power_w - at.time_per_epoch_s * at.average_power_w)

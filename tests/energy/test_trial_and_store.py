@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hydro.energy import EnergyError, SimulatedDevice, VirtualClock
+from hydro.energy import EnergyError, NotSupported, SimulatedDevice, VirtualClock
 from hydro.energy.detect import EnergyWarning, detect_devices
 from hydro.energy.power_limit import PowerLimitWarning
 from hydro.energy.simulated import StepProfile
@@ -75,8 +75,6 @@ def test_no_permission_measures_and_leaves_nothing_set(tmp_path):
 def test_cost_needs_max_power_without_controllable_device(tmp_path):
     class Meter(SimulatedDevice):  # energy only, like a RAPL package
         def power_limit_range_w(self):
-            from hydro.energy import NotSupported
-
             raise NotSupported("no limit")
 
     meter = Meter("cpu", PROFILE, VirtualClock())
