@@ -1,6 +1,6 @@
 """Benchmark: the trace-driven energy simulation on V100 and P100 for all six Zeus workloads.
 
-    python benchmarks/energy_simulation.py [--seeds 10] [--out benchmarks/results]
+    python -m benchmarks.energy_simulation [--seeds 10] [--out benchmarks/results]   (from the repo root)
 
 Same options as ``hydro energy simulate``; prints the table and writes JSON and a PNG to ``--out``.
 """

@@ -7,7 +7,9 @@ the cost-minimal one found by JIT profiling (:class:`PowerLimitOptimizer`) on th
 Profiling is accounted for: on that first run, ``profile_steps`` steps run at every candidate limit
 (highest to lowest) before the rest of the run continues at the chosen limit; these steps are useful
 training work, so only the difference in time and power is charged. A run whose cost passes the
-bandit's bound β·(min cost) is stopped there (cost = bound, not converged).
+bandit's bound β·(min cost) is stopped there (cost = bound, not converged). Each recurrence is one
+run: a run that fails is paid for and not retried. The default (b0 at the maximum limit) and the
+oracle (best fixed batch size at its JIT limit, no profiling) are expected costs over the seeded paths.
 """
 from __future__ import annotations
 
