@@ -17,8 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _registrars():
     from hydro import demo
+    from hydro.energy import cli as energy_cli
 
-    return [demo.add_subparser]
+    return [demo.add_subparser, energy_cli.add_subparser]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

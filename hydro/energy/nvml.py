@@ -1,0 +1,177 @@
+"""NVIDIA GPUs through NVML (``nvidia-ml-py``, imported as ``pynvml``).
+
+Energy: the hardware counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ) on Volta and newer;
+before Volta, a background thread integrates ``nvmlDeviceGetPowerUsage`` samples (mW) with the
+trapezoid rule. Devices follow ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs / UUID prefixes).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+from hydro.energy.device import DeviceNotFound, EnergyDevice, EnergyError, LibraryNotFound, NotSupported, PermissionDenied
+
+_PERMISSION_HINT = (
+    "setting GPU power limits needs root or CAP_SYS_ADMIN (e.g. run the trial in a container started with "
+    "--cap-add SYS_ADMIN), or turn power-limit tuning off"
+)
+
+
+def load_pynvml() -> ModuleType:
+    """Import ``pynvml`` and initialise NVML; typed errors if the package or the driver is missing."""
+    try:
+        pynvml = importlib.import_module("pynvml")
+    except ImportError as err:
+        raise LibraryNotFound("pynvml is not importable: install nvidia-ml-py (pip install nvidia-ml-py).") from err
+    with nvml_errors(pynvml, "nvmlInit"):
+        pynvml.nvmlInit()
+    return pynvml
+
+
+def _typed(pynvml: ModuleType, err: Exception, what: str) -> EnergyError:
+    code = getattr(err, "value", None)
+    if code in (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED):
+        return LibraryNotFound(f"{what}: NVML library or NVIDIA driver not found ({err}); is this a GPU machine?")
+    if code == pynvml.NVML_ERROR_NO_PERMISSION:
+        return PermissionDenied(f"{what}: permission denied ({err}); {_PERMISSION_HINT}.")
+    if code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+        return NotSupported(f"{what}: not supported by this GPU or driver ({err}).")
+    if code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+        return DeviceNotFound(f"{what}: no such GPU ({err}); check CUDA_VISIBLE_DEVICES.")
+    return EnergyError(f"{what}: NVML error {err}.")
+
+
+@contextmanager
+def nvml_errors(pynvml: ModuleType, what: str) -> Iterator[None]:
+    """Translate ``pynvml.NVMLError`` raised inside into the typed :class:`EnergyError` subclasses."""
+    try:
+        yield
+    except pynvml.NVMLError as err:
+        raise _typed(pynvml, err, what) from err
+
+
+class _PowerIntegrator:
+    """Background thread integrating power samples (W) over time into energy (J)."""
+
+    def __init__(self, read_power_w, interval_s: float) -> None:
+        self._read = read_power_w
+        self._interval = interval_s
+        self._lock = threading.Lock()
+        self._last_t = time.monotonic()
+        self._last_p = read_power_w()
+        self._energy = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="nvml-power-sampler", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> float:
+        now, power = time.monotonic(), self._read()
+        with self._lock:
+            self._energy += 0.5 * (power + self._last_p) * (now - self._last_t)
+            self._last_t, self._last_p = now, power
+            return self._energy
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def energy_j(self) -> float:
+        return self._sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class NVMLDevice(EnergyDevice):
+    """One GPU. ``index`` is its NVML index; ``name`` is ``gpu<i>`` with i the CUDA-visible index."""
+
+    def __init__(self, pynvml: ModuleType, handle: Any, name: str, *, sample_interval_s: float = 0.1) -> None:
+        self._nvml = pynvml
+        self._handle = handle
+        self.name = name
+        with nvml_errors(pynvml, f"{name}: nvmlDeviceGetArchitecture"):
+            arch = pynvml.nvmlDeviceGetArchitecture(handle)
+        self._integrator: _PowerIntegrator | None = None
+        if arch < pynvml.NVML_DEVICE_ARCH_VOLTA:
+            self._integrator = _PowerIntegrator(self._power_w, sample_interval_s)
+
+    @property
+    def energy_source(self) -> str:
+        """``counter`` (hardware energy counter) or ``sampled`` (integrated power samples)."""
+        return "sampled" if self._integrator else "counter"
+
+    def _power_w(self) -> float:
+        with nvml_errors(self._nvml, f"{self.name}: nvmlDeviceGetPowerUsage"):
+            return self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+
+    def energy_j(self) -> float:
+        if self._integrator:
+            return self._integrator.energy_j()
+        with nvml_errors(self._nvml, f"{self.name}: nvmlDeviceGetTotalEnergyConsumption"):
+            return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0
+
+    def power_limit_range_w(self) -> tuple[float, float]:
+        with nvml_errors(self._nvml, f"{self.name}: nvmlDeviceGetPowerManagementLimitConstraints"):
+            low, high = self._nvml.nvmlDeviceGetPowerManagementLimitConstraints(self._handle)
+        return low / 1000.0, high / 1000.0
+
+    def get_power_limit_w(self) -> float:
+        with nvml_errors(self._nvml, f"{self.name}: nvmlDeviceGetPowerManagementLimit"):
+            return self._nvml.nvmlDeviceGetPowerManagementLimit(self._handle) / 1000.0
+
+    def set_power_limit_w(self, watts: float) -> None:
+        low, high = self.power_limit_range_w()
+        if not low <= watts <= high:
+            raise ValueError(f"{self.name}: power limit {watts} W outside the supported range [{low}, {high}] W.")
+        with nvml_errors(self._nvml, f"{self.name}: nvmlDeviceSetPowerManagementLimit"):
+            self._nvml.nvmlDeviceSetPowerManagementLimit(self._handle, int(round(watts * 1000)))
+
+    def close(self) -> None:
+        if self._integrator:
+            self._integrator.stop()
+            self._integrator = None
+
+
+def _visible_handles(pynvml: ModuleType, env: Mapping[str, str]) -> list[Any]:
+    with nvml_errors(pynvml, "nvmlDeviceGetCount"):
+        count = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    spec = env.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return handles
+    entries = [e.strip() for e in spec.split(",") if e.strip()]
+    if entries in ([], ["-1"]):
+        return []
+    with nvml_errors(pynvml, "nvmlDeviceGetUUID"):
+        uuids = [pynvml.nvmlDeviceGetUUID(h) for h in handles]
+    uuids = [u.decode() if isinstance(u, bytes) else u for u in uuids]
+    chosen = []
+    for entry in entries:
+        if entry.isdigit():
+            if int(entry) >= count:
+                raise DeviceNotFound(f"CUDA_VISIBLE_DEVICES entry {entry!r}: only {count} GPUs (0..{count - 1}).")
+            chosen.append(handles[int(entry)])
+            continue
+        matches = [h for h, u in zip(handles, uuids) if u.startswith(entry) or u.startswith(f"GPU-{entry}")]
+        if len(matches) != 1:
+            raise DeviceNotFound(
+                f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} GPUs; use an index or a unique UUID "
+                f"prefix (GPUs: {uuids})."
+            )
+        chosen.append(matches[0])
+    return chosen
+
+
+def nvml_devices(env: Mapping[str, str] | None = None, *, sample_interval_s: float = 0.1) -> list[NVMLDevice]:
+    """The GPUs visible to this process (``CUDA_VISIBLE_DEVICES`` in ``env``, default ``os.environ``),
+    named ``gpu0, gpu1, ...`` in CUDA order."""
+    pynvml = load_pynvml()
+    handles = _visible_handles(pynvml, os.environ if env is None else env)
+    return [NVMLDevice(pynvml, h, f"gpu{i}", sample_interval_s=sample_interval_s) for i, h in enumerate(handles)]

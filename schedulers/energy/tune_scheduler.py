@@ -1,0 +1,122 @@
+"""Ray Tune scheduler applying the energy decisions to tuning trials (the only Ray import here).
+
+Trials measure themselves with :class:`hydro.energy.trial.TrialEnergy` (power limit profiled once
+per (model, batch size) and reused through the store) and report cumulative ``cost`` (J) and a
+``converged`` flag (target reached). The scheduler
+
+* stops a trial once its cost passes β·(min cost of a converged trial of this job);
+* records every finished trial of the job in the store, so recurring tuning jobs keep learning;
+* with ``energy_tuned=True``, sets ``config[batch_size_key]`` of each new trial to the choice of a
+  :class:`BatchSizeBandit` restored from the store.
+
+The batch size is set in ``on_trial_add``, which Ray 2.60 calls after resolving the trial's config
+and before its actor starts. Tune creates trials ahead of time: with the default
+``BasicVariantGenerator`` up to 200 at once, so they are chosen from what was known when the run
+started. To let the bandit learn within one run, create trials lazily: use a ``Searcher`` (Tune
+then keeps one pending trial, or ``max_concurrent_trials``) or set ``TUNE_MAX_PENDING_TRIALS_PG=1``.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from schedulers.energy.batch_size import BatchSizeBandit, Observation, min_converged_cost
+from schedulers.energy.store import EnergyStore
+
+
+class EnergyScheduler(FIFOScheduler):
+    """FIFO scheduling plus the energy cost bound and (optionally) bandit-chosen batch sizes.
+
+    ``job`` names the recurring tuning job in the store at ``store_path``. ``batch_sizes`` and
+    ``default_batch_size`` are required with ``energy_tuned=True``.
+    """
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        store_path: str | os.PathLike[str],
+        energy_tuned: bool = False,
+        batch_sizes: Sequence[int] | None = None,
+        default_batch_size: int | None = None,
+        batch_size_key: str = "batch_size",
+        cost_key: str = "cost",
+        converged_key: str = "converged",
+        beta: float = 2.0,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        if energy_tuned and (batch_sizes is None or default_batch_size is None):
+            raise ValueError("energy_tuned=True needs batch_sizes and default_batch_size for the bandit.")
+        self.job, self.beta = job, beta
+        self.keys = {"batch_size": batch_size_key, "cost": cost_key, "converged": converged_key}
+        self.store = EnergyStore(store_path)
+        self._history = self.store.observations(job)
+        self.bandit: BatchSizeBandit | None = None
+        if energy_tuned:
+            self.bandit = BatchSizeBandit(batch_sizes, default_batch_size, seed=seed, beta=beta)
+            for o in self._history:
+                if o.batch_size in self.bandit.batch_sizes:
+                    self.bandit.observe(o.batch_size, o.cost, o.converged)
+        self._assigned: dict[str, int] = {}
+        self._stopped: set[str] = set()
+        self._last_cost: dict[str, float] = {}
+
+    @property
+    def stop_cost(self) -> float | None:
+        """β·(min cost of a converged trial of this job) in J, or None before one converged."""
+        best = min_converged_cost(self._history)
+        return None if best is None else self.beta * best
+
+    def on_trial_add(self, tune_controller, trial: Trial) -> None:
+        if self.bandit is not None:
+            choice = self.bandit.choose()
+            trial.config[self.keys["batch_size"]] = choice
+            self._assigned[trial.trial_id] = choice
+
+    def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
+        cost = result.get(self.keys["cost"])
+        if cost is None:
+            raise KeyError(
+                f"trial {trial.trial_id} reported no {self.keys['cost']!r}; report TrialEnergy.metrics() "
+                f"with ray.tune.report, or set cost_key."
+            )
+        self._last_cost[trial.trial_id] = float(cost)
+        bound = self.stop_cost
+        if bound is not None and cost > bound and not result.get(self.keys["converged"], False):
+            self._stopped.add(trial.trial_id)
+            return TrialScheduler.STOP
+        return TrialScheduler.CONTINUE
+
+    def _record(self, trial: Trial, cost: float, converged: bool) -> None:
+        batch_size = trial.config.get(self.keys["batch_size"])
+        if batch_size is None:
+            return
+        obs = Observation(int(batch_size), cost, converged)
+        self._history.append(obs)
+        self.store.add_observation(self.job, obs, trial.trial_id)
+        if self.bandit is not None and obs.batch_size in self.bandit.batch_sizes:
+            self.bandit.observe(obs.batch_size, obs.cost, obs.converged)
+
+    def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
+        cost = result.get(self.keys["cost"], self._last_cost.get(trial.trial_id, math.inf))
+        converged = bool(result.get(self.keys["converged"], False)) and trial.trial_id not in self._stopped
+        self._record(trial, float(cost), converged)
+
+    def on_trial_error(self, tune_controller, trial: Trial) -> None:
+        self._record(trial, self._last_cost.get(trial.trial_id, math.inf), False)
+
+    def on_trial_remove(self, tune_controller, trial: Trial) -> None:
+        if trial.trial_id in self._last_cost:  # it ran: a stopped run, not converged
+            self._record(trial, self._last_cost[trial.trial_id], False)
+        elif trial.trial_id in self._assigned and self.bandit is not None:  # never started
+            self.bandit.cancel(self._assigned[trial.trial_id])
+
+    def debug_string(self) -> str:
+        bound = self.stop_cost
+        phase = "" if self.bandit is None else f", bandit {'pruning' if self.bandit.pruning else 'sampling'} arms {self.bandit.arms}"
+        return f"EnergyScheduler(job={self.job}, stop cost {bound if bound is None else round(bound)} J{phase})."

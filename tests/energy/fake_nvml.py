@@ -1,0 +1,63 @@
+"""A fake ``pynvml`` module (as Zeus's tests mock NVML): GPUs with power limits, counters, errors."""
+from __future__ import annotations
+
+import types
+
+import pynvml as real
+
+
+class FakeGPU:
+    def __init__(self, uuid: str, arch: int, *, min_mw=100_000, max_mw=250_000, power_mw=200_000):
+        self.uuid, self.arch = uuid, arch
+        self.min_mw, self.max_mw = min_mw, max_mw
+        self.limit_mw = max_mw
+        self.power_mw = power_mw
+        self.energy_mj = 1_000_000
+        self.set_history: list[int] = []
+
+
+def make_fake_pynvml(gpus: list[FakeGPU], *, can_set: bool = True, init_error: int | None = None) -> types.ModuleType:
+    """A module with pynvml's names used by hydro.energy.nvml; handles are the FakeGPU objects."""
+    m = types.ModuleType("pynvml")
+    for name in dir(real):
+        if name.startswith(("NVML_ERROR_", "NVML_DEVICE_ARCH_")):
+            setattr(m, name, getattr(real, name))
+
+    class NVMLError(Exception):
+        def __init__(self, value):
+            super().__init__(f"fake NVML error {value}")
+            self.value = value
+
+    m.NVMLError = NVMLError
+
+    def nvmlInit():
+        if init_error is not None:
+            raise NVMLError(init_error)
+
+    def set_limit(gpu, mw):
+        if not can_set:
+            raise NVMLError(real.NVML_ERROR_NO_PERMISSION)
+        gpu.limit_mw = mw
+        gpu.set_history.append(mw)
+
+    def energy(gpu):
+        if gpu.arch < real.NVML_DEVICE_ARCH_VOLTA:
+            raise NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.energy_mj
+
+    def by_index(i):
+        if not 0 <= i < len(gpus):
+            raise NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return gpus[i]
+
+    m.nvmlInit = nvmlInit
+    m.nvmlDeviceGetCount = lambda: len(gpus)
+    m.nvmlDeviceGetHandleByIndex = by_index
+    m.nvmlDeviceGetUUID = lambda g: g.uuid
+    m.nvmlDeviceGetArchitecture = lambda g: g.arch
+    m.nvmlDeviceGetTotalEnergyConsumption = energy
+    m.nvmlDeviceGetPowerUsage = lambda g: g.power_mw
+    m.nvmlDeviceGetPowerManagementLimitConstraints = lambda g: (g.min_mw, g.max_mw)
+    m.nvmlDeviceGetPowerManagementLimit = lambda g: g.limit_mw
+    m.nvmlDeviceSetPowerManagementLimit = set_limit
+    return m

@@ -1,0 +1,109 @@
+"""NVML backend against a fake pynvml module: counters, sampling, CUDA_VISIBLE_DEVICES, typed errors."""
+from __future__ import annotations
+
+import sys
+import time
+
+import pynvml as real
+import pytest
+
+from hydro.energy import DeviceNotFound, LibraryNotFound, NotSupported, PermissionDenied
+from hydro.energy.monitor import EnergyMonitor
+from hydro.energy.nvml import nvml_devices
+from tests.energy.fake_nvml import FakeGPU, make_fake_pynvml
+
+VOLTA, PASCAL = real.NVML_DEVICE_ARCH_VOLTA, real.NVML_DEVICE_ARCH_PASCAL
+
+
+def _install(monkeypatch, gpus, **kw):
+    fake = make_fake_pynvml(gpus, **kw)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def test_volta_uses_energy_counter_and_power_limits(monkeypatch):
+    gpu = FakeGPU("GPU-aaaa", VOLTA)
+    _install(monkeypatch, [gpu])
+    (dev,) = nvml_devices(env={})
+    assert dev.name == "gpu0" and dev.energy_source == "counter"
+    assert dev.power_limit_range_w() == (100.0, 250.0)
+    monitor = EnergyMonitor([dev])
+    monitor.begin_window("outer")
+    gpu.energy_mj += 1500
+    monitor.begin_window("inner")
+    gpu.energy_mj += 2500
+    inner = monitor.end_window("inner")
+    outer = monitor.end_window("outer")
+    assert inner.energy_j == {"gpu0": 2.5}
+    assert outer.total_energy_j == pytest.approx(4.0)
+    dev.set_power_limit_w(175)
+    assert gpu.limit_mw == 175_000 and dev.get_power_limit_w() == 175.0
+    with pytest.raises(ValueError, match="outside the supported range"):
+        dev.set_power_limit_w(300)
+
+
+def test_pre_volta_integrates_power_samples(monkeypatch):
+    gpu = FakeGPU("GPU-pppp", PASCAL, power_mw=150_000)
+    _install(monkeypatch, [gpu])
+    (dev,) = nvml_devices(env={}, sample_interval_s=0.005)
+    try:
+        assert dev.energy_source == "sampled"
+        start = dev.energy_j()
+        t0 = time.monotonic()
+        time.sleep(0.2)
+        energy = dev.energy_j() - start
+        assert energy == pytest.approx(150.0 * (time.monotonic() - t0), rel=0.1)
+    finally:
+        dev.close()
+
+
+def test_cuda_visible_devices_by_index_and_uuid(monkeypatch):
+    gpus = [FakeGPU(f"GPU-{c * 4}-uuid", VOLTA) for c in "abcd"]
+    _install(monkeypatch, gpus)
+    devs = nvml_devices(env={"CUDA_VISIBLE_DEVICES": "2,GPU-aaaa,dddd"})
+    assert [d.name for d in devs] == ["gpu0", "gpu1", "gpu2"]
+    assert [d._handle.uuid for d in devs] == ["GPU-cccc-uuid", "GPU-aaaa-uuid", "GPU-dddd-uuid"]
+    assert nvml_devices(env={"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert len(nvml_devices(env={})) == 4
+    with pytest.raises(DeviceNotFound, match="only 4 GPUs"):
+        nvml_devices(env={"CUDA_VISIBLE_DEVICES": "7"})
+    with pytest.raises(DeviceNotFound, match="matches 0 GPUs"):
+        nvml_devices(env={"CUDA_VISIBLE_DEVICES": "GPU-zzzz"})
+
+
+def test_missing_permission_is_typed(monkeypatch):
+    _install(monkeypatch, [FakeGPU("GPU-aaaa", VOLTA)], can_set=False)
+    (dev,) = nvml_devices(env={})
+    with pytest.raises(PermissionDenied, match="CAP_SYS_ADMIN"):
+        dev.set_power_limit_w(200)
+
+
+def test_missing_library_and_driver_are_typed(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    with pytest.raises(LibraryNotFound, match="nvidia-ml-py"):
+        nvml_devices(env={})
+    _install(monkeypatch, [], init_error=real.NVML_ERROR_LIBRARY_NOT_FOUND)
+    with pytest.raises(LibraryNotFound, match="driver"):
+        nvml_devices(env={})
+
+
+def test_unsupported_call_is_typed(monkeypatch):
+    fake = _install(monkeypatch, [FakeGPU("GPU-aaaa", VOLTA)])
+
+    def unsupported(_):
+        raise fake.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+
+    fake.nvmlDeviceGetPowerManagementLimitConstraints = unsupported
+    (dev,) = nvml_devices(env={})
+    with pytest.raises(NotSupported, match="not supported"):
+        dev.power_limit_range_w()
+
+
+def test_real_nvml_on_this_machine_reports_a_typed_error_or_devices():
+    """Without a GPU the real pynvml must fail with one typed error, not a raw NVMLError."""
+    try:
+        devices = nvml_devices()
+    except LibraryNotFound:
+        return
+    for d in devices:
+        d.close()
