@@ -1,0 +1,149 @@
+"""Fusion planning: choose how many members to fuse from measured memory and throughput.
+
+``plan_fusion`` trains fused models of 1, 2, 4, ... members for a few steps on the current device,
+measures step time and peak memory, and returns the fusion count of highest total throughput
+(member-samples/s) that fits the memory budget; near-ties (within ``tolerance``) go to the larger count,
+which needs fewer fused trials. Memory on CUDA is the allocator's peak; on CPU it is parameters +
+gradients + optimizer state + the tensors autograd saved for backward (measured, a lower bound of the
+process's peak), since the CPU allocator keeps no statistics.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from hydro.binder import fuse
+from hydro.loss import trial_losses
+from hydro.optim import SGD
+
+
+@dataclass
+class FusionMeasurement:
+    num_members: int
+    step_time_s: float
+    peak_bytes: int
+    samples_per_s: float  # all members together
+
+
+@dataclass
+class FusionPlan:
+    num_members: int
+    device: str
+    memory_budget_bytes: int
+    reason: str
+    measurements: list[FusionMeasurement] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, Tensor], loss_fn: Callable, *,
+                max_members: int = 64, memory_budget_bytes: int | None = None, device: str | torch.device | None = None,
+                steps: int = 3, tolerance: float = 0.05) -> FusionPlan:
+    """Measure fused training of ``model_factory()`` members on ``batch`` (inputs, targets) and pick F.
+
+    ``max_members`` caps F (e.g. the number of configurations to run); ``memory_budget_bytes`` defaults to
+    90% of free CUDA memory, or half of the available RAM on CPU.
+    """
+    if max_members < 1:
+        raise ValueError(f"max_members must be >= 1, got {max_members}")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    budget = memory_budget_bytes if memory_budget_bytes is not None else _default_budget(device)
+    candidates = sorted({*(2 ** k for k in range(max_members.bit_length()) if 2 ** k <= max_members), max_members})
+    measurements: list[FusionMeasurement] = []
+    reason = f"measured up to F={candidates[-1]} (max_members)"
+    for count in candidates:
+        if len(measurements) >= 2 and _predicted_bytes(measurements, count) > budget:
+            reason = f"F={count} is predicted to need more than the {budget / 2**20:.0f} MiB budget"
+            break
+        m = _measure(model_factory, batch, loss_fn, count, device, steps)
+        if m.peak_bytes > budget:
+            reason = f"F={count} needed {m.peak_bytes / 2**20:.0f} MiB > budget {budget / 2**20:.0f} MiB"
+            break
+        measurements.append(m)
+        best = max(x.samples_per_s for x in measurements)
+        if m.samples_per_s < (1 - 2 * tolerance) * best:
+            reason = f"throughput saturated (F={count} is below the best measured)"
+            break
+    if not measurements:
+        raise MemoryError(f"plan_fusion: even one member needs more than the memory budget of "
+                          f"{budget / 2**20:.0f} MiB on {device}; use a smaller batch or model (e.g. hydro.shrink)")
+    best = max(x.samples_per_s for x in measurements)
+    chosen = max(x.num_members for x in measurements if x.samples_per_s >= (1 - tolerance) * best)
+    return FusionPlan(chosen, str(device), int(budget), reason, measurements)
+
+
+def _default_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(0.9 * free)
+    with open("/proc/meminfo") as meminfo:
+        available_kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable"))
+    return available_kib * 1024 // 2
+
+
+def _predicted_bytes(measurements: list[FusionMeasurement], count: int) -> float:
+    """Linear extrapolation ``a + b F`` through the last two measurements."""
+    (f0, m0), (f1, m1) = [(x.num_members, x.peak_bytes) for x in measurements[-2:]]
+    slope = (m1 - m0) / (f1 - f0)
+    return m1 + slope * (count - f1)
+
+
+def _measure(model_factory, batch, loss_fn, count: int, device: torch.device, steps: int) -> FusionMeasurement:
+    inputs, targets = (t.to(device) for t in batch)
+    model = fuse([model_factory() for _ in range(count)]).to(device)
+    optimizer = SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=False)
+        trial_losses(loss_fn, model(inputs), targets).sum().backward()
+        optimizer.step()
+
+    step()  # warm-up: allocates gradients and optimizer state
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    saved = _SavedBytes(exclude={t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]})
+    start = time.perf_counter()
+    for _ in range(steps):
+        saved.reset()
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = (time.perf_counter() - start) / steps
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+    else:
+        state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, Tensor)]
+        resident = sum(_nbytes(t) for t in [*model.parameters(), *model.buffers(), *state])
+        grads = sum(_nbytes(p.grad) for p in model.parameters() if p.grad is not None)
+        peak = resident + grads + saved.peak
+    return FusionMeasurement(count, elapsed, int(peak), count * inputs.shape[0] / elapsed)
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+class _SavedBytes:
+    """Bytes of the distinct storages autograd saves during one forward pass (max over passes), not counting
+    the storages in ``exclude`` (parameters and buffers, counted as resident)."""
+
+    def __init__(self, exclude: set[int]) -> None:
+        self.peak, self._seen, self._bytes, self._exclude = 0, set(), 0, exclude
+
+    def pack(self, tensor: Tensor) -> Tensor:
+        key = tensor.untyped_storage().data_ptr()
+        if key not in self._seen and key not in self._exclude:
+            self._seen.add(key)
+            self._bytes += _nbytes(tensor)
+            self.peak = max(self.peak, self._bytes)
+        return tensor
+
+    def reset(self) -> None:
+        self._seen, self._bytes = set(), 0
