@@ -10,6 +10,7 @@ process's peak), since the CPU allocator keeps no statistics.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -103,47 +104,75 @@ def _measure(model_factory, batch, loss_fn, count: int, device: torch.device, st
         trial_losses(loss_fn, model(inputs), targets).sum().backward()
         optimizer.step()
 
+    elapsed, peak = measure_training_step(step, lambda: training_tensors(model, optimizer), device, steps)
+    return FusionMeasurement(count, elapsed, peak, count * inputs.shape[0] / elapsed)
+
+
+def training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """Parameters, buffers, gradients and optimizer state: what stays resident between steps."""
+    return [*optimized_tensors(optimizer), *model.buffers()]
+
+
+def optimized_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """The optimizer's parameters, their gradients and its state."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, Tensor)]
+    return [*params, *(p.grad for p in params if p.grad is not None), *state]
+
+
+def measure_training_step(step: Callable[[], None], resident: Callable[[], list[Tensor]],
+                          device: torch.device | str = "cpu", steps: int = 3, min_time_s: float = 0.0
+                          ) -> tuple[float, int]:
+    """Mean seconds of ``step()`` (after one warm-up; at least ``steps`` calls and ``min_time_s`` seconds)
+    and its peak memory in bytes.
+
+    CUDA: the allocator's peak. CPU: the distinct storages of ``resident()`` plus the peak of the tensors
+    autograd holds for backward at any one time (a lower bound of the process's peak).
+    """
+    device = torch.device(device)
     step()  # warm-up: allocates gradients and optimizer state
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    saved = _SavedBytes(exclude={t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]})
-    start = time.perf_counter()
-    for _ in range(steps):
-        saved.reset()
-        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-            step()
+    start, calls = time.perf_counter(), 0
+    while calls < steps or time.perf_counter() - start < min_time_s:
+        step()
+        calls += 1
+        if device.type == "cuda" and calls >= steps:
+            torch.cuda.synchronize(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    elapsed = (time.perf_counter() - start) / steps
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-    else:
-        state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, Tensor)]
-        resident = sum(_nbytes(t) for t in [*model.parameters(), *model.buffers(), *state])
-        grads = sum(_nbytes(p.grad) for p in model.parameters() if p.grad is not None)
-        peak = resident + grads + saved.peak
-    return FusionMeasurement(count, elapsed, int(peak), count * inputs.shape[0] / elapsed)
+        return (time.perf_counter() - start) / calls, torch.cuda.max_memory_allocated(device)
+    elapsed = (time.perf_counter() - start) / calls
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in resident()}
+    saved = _LiveSavedBytes(exclude=set(storages))
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        step()
+    return elapsed, sum(storages.values()) + saved.peak
 
 
-def _nbytes(t: Tensor) -> int:
-    return t.untyped_storage().nbytes()
-
-
-class _SavedBytes:
-    """Bytes of the distinct storages autograd saves during one forward pass (max over passes), not counting
-    the storages in ``exclude`` (parameters and buffers, counted as resident)."""
+class _LiveSavedBytes:
+    """Peak bytes of the distinct storages autograd holds for backward at one time, ignoring ``exclude``."""
 
     def __init__(self, exclude: set[int]) -> None:
-        self.peak, self._seen, self._bytes, self._exclude = 0, set(), 0, exclude
+        self.peak, self._total, self._live, self._exclude = 0, 0, {}, exclude
 
     def pack(self, tensor: Tensor) -> Tensor:
         key = tensor.untyped_storage().data_ptr()
-        if key not in self._seen and key not in self._exclude:
-            self._seen.add(key)
-            self._bytes += _nbytes(tensor)
-            self.peak = max(self.peak, self._bytes)
+        if key in self._exclude:
+            return tensor
+        count, size = self._live.get(key, (0, tensor.untyped_storage().nbytes()))
+        self._live[key] = (count + 1, size)
+        if count == 0:
+            self._total += size
+            self.peak = max(self.peak, self._total)
+        weakref.finalize(tensor, self._release, key)
         return tensor
 
-    def reset(self) -> None:
-        self._seen, self._bytes = set(), 0
+    def _release(self, key: int) -> None:
+        count, size = self._live[key]
+        if count == 1:
+            del self._live[key]
+            self._total -= size
+        else:
+            self._live[key] = (count - 1, size)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from .base import FusedOptimizer
 
@@ -40,12 +41,18 @@ class Adam(FusedOptimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr = group["lr"] * group["lr_mult"]
-            decay = group["weight_decay"] * group["wd_mult"]
-            beta1, beta2 = group["beta1"], group["beta2"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            like, view = params[0], self.per_param
+            lr_all = group["lr"] * group["lr_mult"]
+            decay_all = group["weight_decay"] * group["wd_mult"]
+            decay = self.resolve(decay_all, like)
+            shrink = self.resolve(1 - lr_all * decay_all, like)  # decoupled decay factor
+            blend1 = self.resolve(1 - group["beta1"], like)
+            beta2, blend2 = self.resolve(group["beta2"], like), self.resolve(1 - group["beta2"], like)
+            eps = self.resolve(group["eps"], like)
+            for p in params:
                 grad = -p.grad if group["maximize"] else p.grad
                 state = self.state[p]
                 if not state:
@@ -56,21 +63,30 @@ class Adam(FusedOptimizer):
                         state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
                 step = state["step"]
-                if decay.any():
+                if isinstance(decay, Tensor) or decay != 0.0:
                     if group["decoupled_weight_decay"]:
-                        p.mul_(self._on(1 - lr * decay, p))
+                        p.mul_(view(shrink, p))
+                    elif isinstance(decay, float):
+                        grad = grad.add(p, alpha=decay)
                     else:
-                        grad = grad.add(p * self._on(decay, p))
+                        grad = torch.addcmul(grad, p, view(decay, p))
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.lerp_(grad, self._on(1 - beta1, p))
-                exp_avg_sq.mul_(self._on(beta2, p)).addcmul_(grad, grad * self._on(1 - beta2, p))
-                step_size = lr / (1 - beta1 ** step)
-                bias_correction2_sqrt = (1 - beta2 ** step).sqrt()
+                exp_avg.lerp_(grad, view(blend1, p))
+                exp_avg_sq.mul_(view(beta2, p))
+                if isinstance(blend2, float):
+                    exp_avg_sq.addcmul_(grad, grad, value=blend2)
+                else:
+                    exp_avg_sq.addcmul_(grad, grad * view(blend2, p))
+                step_size = self.resolve(lr_all / (1 - group["beta1"] ** step), like)
+                bias_correction2_sqrt = self.resolve((1 - group["beta2"] ** step).sqrt(), like)
                 if group["amsgrad"]:
                     torch.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
                     exp_avg_sq = state["max_exp_avg_sq"]
-                denom = (exp_avg_sq.sqrt() / self._on(bias_correction2_sqrt, p)).add_(self._on(group["eps"], p))
-                p.sub_(exp_avg / denom * self._on(step_size, p))
+                denom = (exp_avg_sq.sqrt() / view(bias_correction2_sqrt, p)).add_(view(eps, p))
+                if isinstance(step_size, float):
+                    p.addcdiv_(exp_avg, denom, value=-step_size)
+                else:  # p -= m / (denom / step_size): one pass less than (m / denom) * step_size
+                    p.addcdiv_(exp_avg, denom.div_(view(step_size, p)), value=-1)
         return loss
 
 

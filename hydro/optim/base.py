@@ -56,9 +56,17 @@ class FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"Invalid learning rate: {group['lr'].tolist()}")
 
     @staticmethod
-    def _on(values: Tensor, like: Tensor) -> Tensor:
-        """Per-member values ``[F]`` as ``[F, 1, ..., 1]`` on ``like``'s device and dtype."""
-        return member_view(values.to(device=like.device, dtype=like.dtype), like.dim() - 1)
+    def resolve(values: Tensor, like: Tensor) -> float | Tensor:
+        """Per-member values ``[F]`` for arithmetic with parameters like ``like``: a Python float when all
+        members share it (torch's own scalar arithmetic, no broadcast), else ``[F]`` in ``like``'s dtype."""
+        if bool((values == values[0]).all()):
+            return float(values[0])
+        return values.to(device=like.device, dtype=like.dtype)
+
+    @staticmethod
+    def per_param(value: float | Tensor, param: Tensor) -> float | Tensor:
+        """A resolved value shaped to broadcast against ``param`` ``[F, ...]``."""
+        return value if isinstance(value, float) else member_view(value, param.dim() - 1)
 
     @torch.no_grad()
     def keep_members(self, index: Tensor) -> None:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
+from hydro.nn.base import member_view
 from .base import FusedOptimizer
 
 
@@ -31,23 +33,42 @@ class SGD(FusedOptimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr = group["lr"] * group["lr_mult"]
-            decay = group["weight_decay"] * group["wd_mult"]
-            momentum, dampening = group["momentum"], group["dampening"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            like, view = params[0], self.per_param
+            lr = self.resolve(group["lr"] * group["lr_mult"], like)
+            decay = self.resolve(group["weight_decay"] * group["wd_mult"], like)
+            momentum = self.resolve(group["momentum"], like)
+            damping = self.resolve(1 - group["dampening"], like)
+            some_momentum, all_momentum = bool(group["momentum"].any()), bool(group["momentum"].all())
+            for p in params:
                 grad = -p.grad if group["maximize"] else p.grad
-                if decay.any():
-                    grad = grad.add(p * self._on(decay, p))
-                if momentum.any():
+                if isinstance(decay, Tensor) or decay != 0.0:
+                    grad = torch.addcmul(grad, p, view(decay, p)) if isinstance(decay, Tensor) else grad.add(p, alpha=decay)
+                if some_momentum:
                     state = self.state[p]
                     buf = state.get("momentum_buffer")
                     if buf is None:
                         buf = state["momentum_buffer"] = grad.clone()
                     else:
-                        buf.mul_(self._on(momentum, p)).add_(grad * self._on(1 - dampening, p))
-                    direction = grad + buf * self._on(momentum, p) if group["nesterov"] else buf
-                    grad = torch.where(self._on(momentum, p) != 0, direction, grad)
-                p.sub_(grad * self._on(lr, p))
+                        buf.mul_(view(momentum, p))
+                        if isinstance(damping, float):
+                            buf.add_(grad, alpha=damping)
+                        else:
+                            buf.addcmul_(grad, view(damping, p))
+                    if group["nesterov"]:
+                        direction = torch.addcmul(grad, buf, view(momentum, p)) if isinstance(momentum, Tensor) \
+                            else grad.add(buf, alpha=momentum)
+                    else:
+                        direction = buf
+                    if not all_momentum:  # members without momentum step along the plain gradient
+                        direction = torch.where(member_view(group["momentum"] != 0, p.dim() - 1).to(p.device),
+                                                direction, grad)
+                else:
+                    direction = grad
+                if isinstance(lr, float):
+                    p.add_(direction, alpha=-lr)
+                else:
+                    p.addcmul_(direction, view(lr, p), value=-1)
         return loss

@@ -1,0 +1,47 @@
+"""plan_fusion measures real training and respects the memory budget."""
+import pytest
+from torch import nn
+
+import hydro
+from hydro.examples.data import digits
+from hydro.examples.models import MLP
+from hydro.planning import plan_fusion
+
+
+@pytest.fixture(scope="module")
+def batch():
+    train, _ = digits()
+    return train.x[:64], train.y[:64]
+
+
+def test_plan_measures_each_count_and_picks_a_measured_one(batch):
+    plan = plan_fusion(MLP, batch, nn.CrossEntropyLoss(), max_members=8, steps=2)
+    counts = [m.num_members for m in plan.measurements]
+    assert counts[:2] == [1, 2] and plan.num_members in counts
+    assert all(m.peak_bytes > 0 and m.samples_per_s > 0 for m in plan.measurements)
+    peaks = [m.peak_bytes for m in plan.measurements]
+    assert peaks == sorted(peaks)  # more members need more memory
+    best = max(m.samples_per_s for m in plan.measurements)
+    chosen = next(m for m in plan.measurements if m.num_members == plan.num_members)
+    assert chosen.samples_per_s >= 0.95 * best
+
+
+def test_memory_budget_limits_the_fusion_count(batch):
+    one = plan_fusion(MLP, batch, nn.CrossEntropyLoss(), max_members=1, steps=1).measurements[0].peak_bytes
+    budget = int(3.5 * one)
+    # tolerance=1: throughput never decides, so only the budget can stop the search.
+    plan = plan_fusion(MLP, batch, nn.CrossEntropyLoss(), max_members=64, memory_budget_bytes=budget, steps=1,
+                       tolerance=1.0)
+    assert "budget" in plan.reason and plan.num_members == plan.measurements[-1].num_members < 64
+    assert all(m.peak_bytes <= budget for m in plan.measurements)
+    with pytest.raises(MemoryError, match="even one member"):
+        plan_fusion(MLP, batch, nn.CrossEntropyLoss(), memory_budget_bytes=one // 2, steps=1)
+
+
+def test_demo_main_job_runs(capsys):
+    from hydro.cli import main
+
+    assert main(["demo", "--configs", "4", "--epochs", "1", "--fusion", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "plan_fusion: F=" in out and "best: lr=" in out
+    assert isinstance(hydro.fuse, type(plan_fusion))
