@@ -18,8 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _registrars():
     from hydro import demo
     from hydro.energy import cli as energy_cli
+    from hydro.tune import cli as tune_cli
 
-    return [demo.add_subparser, energy_cli.add_subparser]
+    return [demo.add_subparser, energy_cli.add_subparser, tune_cli.add_subparser]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

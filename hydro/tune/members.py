@@ -1,0 +1,136 @@
+"""The members of one trial as one trainable unit: fused (one model, one ``hydro.optim`` optimizer) or looped
+(independent plain-torch models and optimizers, the unfused baseline and fallback).
+
+Both take the shared batch ``[N, ...]`` and return the members' outputs ``[F, N, ...]``; ``keep`` slices
+members out with their weights and optimizer state.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+import hydro
+from hydro.binder import FuseError
+from hydro.tune.optimizer import UnsupportedOptimizer, fused_optimizer
+from hydro.tune.spec import TuneSpec
+from hydro.tune.surrogate import build_member
+
+
+class Members:
+    """Common interface: ``member_ids`` (in output order), ``__call__(x) -> [F, N, ...]``, optimizer step,
+    ``keep(positions)``, ``state_dict``/``load_state_dict``."""
+
+    fused: bool
+    member_ids: list[str]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def modules(self) -> list[torch.nn.Module]:
+        raise NotImplementedError
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def keep(self, positions: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def train(self, mode: bool = True) -> None:
+        for module in self.modules():
+            module.train(mode)
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers():
+            optimizer.zero_grad()
+
+    def step(self) -> None:
+        for optimizer in self.optimizers():
+            optimizer.step()
+
+    def state_dict(self) -> dict:
+        return {"modules": [m.state_dict() for m in self.modules()],
+                "optimizers": [o.state_dict() for o in self.optimizers()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for module, saved in zip(self.modules(), state["modules"], strict=True):
+            module.load_state_dict(saved)
+        for optimizer, saved in zip(self.optimizers(), state["optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
+
+
+class FusedMembers(Members):
+    """All members in one ``hydro.fuse`` model trained by one fused optimizer."""
+
+    fused = True
+
+    def __init__(self, spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int) -> None:
+        self.member_ids = list(member_ids)
+        self.model = hydro.fuse(_build(spec, configs, member_ids, scale), leaf_modules=tuple(spec.leaf_modules))
+        self.optimizer = fused_optimizer(spec.optimizer, configs, self.model.parameters())
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.model(x)
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.model]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer]
+
+    def keep(self, positions: Sequence[int]) -> None:
+        hydro.keep_members(self.model, positions, optimizer=self.optimizer)
+        self.member_ids = [self.member_ids[i] for i in positions]
+
+
+class LoopedMembers(Members):
+    """Independent plain models, each with the optimizer the user's factory builds (no fusion)."""
+
+    fused = False
+
+    def __init__(self, spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int) -> None:
+        if scale != 1:
+            raise ValueError(f"unfused members train full-size models only (scale=1), got scale={scale}: µP "
+                             "surrogates need the fused hydro.optim optimizers")
+        self.member_ids = list(member_ids)
+        self.models = _build(spec, configs, member_ids, scale)
+        self.opts = [spec.optimizer(m.parameters(), c) for m, c in zip(self.models, configs)]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.stack([model(x) for model in self.models])
+
+    def modules(self) -> list[torch.nn.Module]:
+        return self.models
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return self.opts
+
+    def keep(self, positions: Sequence[int]) -> None:
+        self.models = [self.models[i] for i in positions]
+        self.opts = [self.opts[i] for i in positions]
+        self.member_ids = [self.member_ids[i] for i in positions]
+
+
+def build_members(spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int, *,
+                  fuse: bool) -> tuple[Members, str | None]:
+    """The members as one unit, and the reason when fusion was asked for but fell back to unfused training
+    (only with ``spec.fallback_unfused``; otherwise the fusion error is raised)."""
+    if not fuse:
+        return LoopedMembers(spec, configs, member_ids, scale), None
+    try:
+        return FusedMembers(spec, configs, member_ids, scale), None
+    except (FuseError, UnsupportedOptimizer) as error:
+        if not spec.fallback_unfused:
+            raise type(error)(f"{error}. Or set TuneSpec(fallback_unfused=True) to train these members unfused "
+                              f"(full size only)") from error
+        return LoopedMembers(spec, configs, member_ids, scale), f"{type(error).__name__}: {error}"
+
+
+def _build(spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int) -> list:
+    models = []
+    for config, member_id in zip(configs, member_ids, strict=True):
+        torch.manual_seed(spec.seed * 1_000_003 + zlib.crc32(member_id.encode()))  # same init wherever it runs
+        models.append(build_member(spec.model, config, scale))
+    return models

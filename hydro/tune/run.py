@@ -1,0 +1,46 @@
+"""``fit``: one call that tunes a ``TuneSpec`` with ``HydroSearcher`` on Ray Tune and writes the results."""
+from __future__ import annotations
+
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+from ray.tune.search import Searcher
+
+from hydro.tune.results import write_results
+from hydro.tune.searcher import HydroSearcher
+from hydro.tune.spec import TuneSpec
+from hydro.tune.trainable import trainable
+
+
+def asha(spec: TuneSpec) -> ASHAScheduler:
+    """Per-member ASHA over the spec's epochs: rungs at 1, 2, 4, ... epochs, keeping the best half."""
+    return ASHAScheduler(time_attr="training_iteration", max_t=spec.epochs, grace_period=1, reduction_factor=2)
+
+
+def optuna_tpe(seed: int = 0) -> Searcher:
+    """Optuna's TPE sampler as a Ray searcher (seeded)."""
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed))
+
+
+def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, fusion: int | str = "auto",
+        scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
+        transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
+        max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1
+        ) -> tuple[tune.ResultGrid, HydroSearcher]:
+    """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
+    table and best configuration written to its directory) and the searcher."""
+    hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale, fusion=fusion,
+                                   scheduler=scheduler, transfer_fraction=transfer_fraction, seed=seed)
+    tuner = tune.Tuner(
+        trainable(spec), param_space=param_space,
+        tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
+                                    reuse_actors=True, max_concurrent_trials=max_concurrent_trials),
+        run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=verbose,
+                                  failure_config=tune.FailureConfig(max_failures=max_failures),
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
+    )
+    results = tuner.fit()
+    write_results(results, spec)
+    return results, hydro_searcher

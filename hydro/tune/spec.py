@@ -1,0 +1,93 @@
+"""What the user hands Hydro to tune: a plain-torch workload (model, data, loss, metrics, optimizer)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+Batch = tuple[Tensor, Tensor]
+MetricFn = Callable[[Tensor, Tensor], Tensor]
+
+TRAIN_LOSS, VAL_LOSS = "train_loss", "val_loss"
+
+
+def accuracy(output: Tensor, target: Tensor) -> Tensor:
+    """Fraction of correct arg-max predictions: ``output`` ``[N, ..., C]`` logits, ``target`` ``[N, ...]``."""
+    return (output.argmax(dim=-1) == target).float().mean()
+
+
+@dataclass
+class TuneSpec:
+    """A workload written as plain torch, for one model and one configuration (a dict).
+
+    - ``model(config) -> nn.Module``: the full-size model (Hydro shrinks and fuses it; no edits needed).
+    - ``data() -> (train, val)``: each ``(inputs [N, ...], targets [N, ...])`` or an object with ``.x``/``.y``.
+    - ``loss``: a torch loss of one model's output and the targets, reduced to a scalar.
+    - ``optimizer(params, config) -> torch.optim.Optimizer``: e.g. ``torch.optim.SGD(params, lr=config["lr"])``.
+    - ``metrics``: extra validation metrics ``fn(output [N, ...], target) -> scalar`` (``val_loss`` is always
+      reported, and ``train_loss``, the mean training loss of the epoch).
+    - ``metric``/``mode``: the objective, one of the reported metric names.
+    - ``batch_size``: default training batch size; a configuration's ``"batch_size"`` overrides it.
+    - ``group_by``: configuration keys that change the architecture (members that differ in them are
+      trained in different fused trials); the batch size always groups.
+    - ``leaf_modules``: passed to ``hydro.fuse`` for layers torch.fx cannot trace into.
+    - ``fallback_unfused``: when the model cannot be fused (or the optimizer translated), train the members
+      as independent models instead of raising (full size only; the trial reports ``fused: False``).
+    - ``seed``: seeds every member's initialisation and the order of the training batches.
+    """
+
+    model: Callable[[Mapping], nn.Module]
+    data: Callable[[], tuple]
+    loss: Callable[[Tensor, Tensor], Tensor]
+    optimizer: Callable[..., torch.optim.Optimizer]
+    metric: str = VAL_LOSS
+    mode: str = "min"
+    metrics: Mapping[str, MetricFn] = field(default_factory=dict)
+    epochs: int = 5
+    batch_size: int = 64
+    group_by: Sequence[str] = ()
+    leaf_modules: Sequence[type] = ()
+    fallback_unfused: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"TuneSpec.mode must be 'min' or 'max', got {self.mode!r}")
+        if self.epochs < 1:
+            raise ValueError(f"TuneSpec.epochs must be >= 1, got {self.epochs}")
+        if self.metric not in self.metric_names():
+            raise ValueError(f"TuneSpec.metric {self.metric!r} is not reported; the reported metrics are "
+                             f"{self.metric_names()} (add it to TuneSpec.metrics)")
+
+    def metric_names(self) -> list[str]:
+        """Every per-member metric a trial reports each epoch."""
+        return [TRAIN_LOSS, VAL_LOSS, *self.metrics]
+
+    def batch_size_of(self, config: Mapping) -> int:
+        return int(config.get("batch_size", self.batch_size))
+
+    def group_key(self, config: Mapping) -> tuple:
+        """Members with equal keys can share one fused trial: the batch size and the ``group_by`` values."""
+        return (self.batch_size_of(config), *(repr(config.get(k)) for k in self.group_by))
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether metric value ``a`` is strictly better than ``b`` under ``mode``."""
+        return a > b if self.mode == "max" else a < b
+
+    def load_data(self) -> tuple[Batch, Batch]:
+        """``(train, val)`` as ``((x, y), (x, y))`` tensors."""
+        loaded = self.data()
+        if not isinstance(loaded, (tuple, list)) or len(loaded) < 2:
+            raise ValueError("TuneSpec.data() must return (train, val), each (inputs, targets) or with .x/.y")
+        return _as_batch(loaded[0], "train"), _as_batch(loaded[1], "val")
+
+
+def _as_batch(split, name: str) -> Batch:
+    if hasattr(split, "x") and hasattr(split, "y"):
+        return split.x, split.y
+    if isinstance(split, (tuple, list)) and len(split) == 2:
+        return split[0], split[1]
+    raise ValueError(f"TuneSpec.data(): the {name} split must be (inputs, targets) or have .x/.y, "
+                     f"got {type(split).__name__}")
