@@ -47,8 +47,9 @@ def load_workload(reference: str) -> tuple[TuneSpec, dict]:
     if target.endswith(".py"):
         if not os.path.exists(target):
             raise SystemExit(f"hydro tune: workload file {target!r} does not exist")
-        spec = importlib.util.spec_from_file_location(f"hydro_workload_{os.path.basename(target)[:-3]}", target)
-        module = importlib.util.module_from_spec(spec)
+        name = f"hydro_workload_{os.path.basename(target)[:-3]}"
+        spec = importlib.util.spec_from_file_location(name, target)
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(target)

@@ -20,6 +20,8 @@ def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
     ``config/<key>`` values, final metrics, ``epochs`` trained and ``stop_epoch`` (early-stopped members)."""
     rows = []
     for result in results:
+        if result.config is None:  # a trial that never reported (e.g. the run was interrupted)
+            continue
         plan = plan_of(result.config)
         trial = (result.metrics or {}).get("trial_id", os.path.basename(result.path))
         history = result.metrics_dataframe

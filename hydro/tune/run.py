@@ -1,6 +1,8 @@
 """``fit``: one call that tunes a ``TuneSpec`` with ``HydroSearcher`` on Ray Tune and writes the results."""
 from __future__ import annotations
 
+import os
+
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
@@ -25,14 +27,17 @@ def optuna_tpe(seed: int = 0) -> Searcher:
 
 
 def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, fusion: int | str = "auto",
-        scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
+        max_fusion: int = 64, scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
         max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1
         ) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
     table and best configuration written to its directory) and the searcher."""
+    # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale, fusion=fusion,
-                                   scheduler=scheduler, transfer_fraction=transfer_fraction, seed=seed)
+                                   max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
+                                   seed=seed)
     tuner = tune.Tuner(
         trainable(spec), param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,

@@ -9,7 +9,9 @@ the full-size target with the best member's configuration; the run's best result
 from __future__ import annotations
 
 import math
+import os
 import pickle
+import tempfile
 import uuid
 from collections.abc import Mapping
 
@@ -115,14 +117,21 @@ class HydroSearcher(Searcher):
             import ray
 
             state["_stopping"] = ray.get(self._service.get_state.remote())
+        with tempfile.TemporaryDirectory() as directory:  # the inner searcher's state, in the same file
+            self.inner.save(os.path.join(directory, "inner"))
+            with open(os.path.join(directory, "inner"), "rb") as f:
+                state["inner_state"] = f.read()
         with open(checkpoint_path, "wb") as f:
             pickle.dump(state, f)
-        self.inner.save(checkpoint_path + ".inner")
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
-            self.__dict__.update(pickle.load(f))
-        self.inner.restore(checkpoint_path + ".inner")
+            state = pickle.load(f)
+        with tempfile.TemporaryDirectory() as directory:
+            with open(os.path.join(directory, "inner"), "wb") as f:
+                f.write(state.pop("inner_state"))
+            self.inner.restore(os.path.join(directory, "inner"))
+        self.__dict__.update(state)
         self._service = None
         self._ensure_service()  # restored trials look the service up as soon as they resume
 

@@ -1,0 +1,152 @@
+"""End-to-end tuning: stock Ray Tune vs Hydro on the same member configurations.
+
+N configurations of SGD (lr, momentum, weight decay) for a 64-512-512-10 MLP on scikit-learn's digits are
+drawn once (random search, fixed seed) and tuned by
+  (a) stock Ray Tune: one full-size, unfused trial per configuration (BasicVariantGenerator replaying them);
+  (b) Hydro, fusion only (S=1): HydroSearcher with the same configurations in fused trials;
+  (c) Hydro, S=8 + fusion (needs the Model Shrinker, ``hydro.shrink``; skipped with a message without it);
+  (d) Hydro with Optuna TPE as the inner searcher (N suggestions of its own; S=8 when available, else 1).
+All runs allow the same number of concurrent trials (``--concurrency``, default 2 = the cores). Each run's
+best configuration is then trained at full size with one fixed seed (the "target"), and its validation
+accuracy reported. Prints a table and writes JSON to ``benchmarks/results/e2e_tuning.json``.
+
+    python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 6] [--scheduler none|asha]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import ray
+import torch
+from ray import tune
+from ray.tune.search.basic_variant import BasicVariantGenerator
+
+import hydro
+from hydro.tune import TuneSpec, best_configuration, trainable
+from hydro.tune.epoch import evaluate, train_epoch
+from hydro.tune.examples import digits_mlp
+from hydro.tune.members import LoopedMembers
+from hydro.tune.random_search import RandomSearch
+from hydro.tune.run import asha, fit, optuna_tpe
+from hydro.tune.trial_config import plan_of
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--scheduler", choices=["none", "asha"], default="none")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="16 configurations, 3 epochs")
+    parser.add_argument("--storage", default="/tmp/hydro_e2e")
+    args = parser.parse_args()
+    if args.quick:
+        args.samples, args.epochs = 16, 3
+    spec, space = digits_mlp(epochs=args.epochs)
+    drawn = RandomSearch(space, seed=args.seed)
+    configs = [drawn.suggest(str(i)) for i in range(args.samples)]
+    ray.init(num_cpus=args.concurrency, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    scheduler = (lambda: asha(spec)) if args.scheduler == "asha" else (lambda: None)
+    hydro_options = dict(num_samples=args.samples, storage_path=args.storage, seed=args.seed, verbose=0,
+                         max_concurrent_trials=args.concurrency)
+    runs = [("(a) stock Ray Tune, full size, unfused", lambda: stock(spec, space, configs, args, scheduler())),
+            ("(b) Hydro fusion only (S=1)", lambda: hydro_run(spec, space, 1, None, scheduler(), hydro_options,
+                                                              args, "b", configs))]
+    if hasattr(hydro, "shrink"):
+        runs.append(("(c) Hydro S=8 + fusion", lambda: hydro_run(spec, space, 8, None, scheduler(), hydro_options,
+                                                                 args, "c", configs)))
+    else:
+        print("(c) skipped: hydro.shrink (the Model Shrinker) is not in this installation; S=8 needs it")
+    tpe_scale = 8 if hasattr(hydro, "shrink") else 1
+    runs.append((f"(d) Hydro + Optuna TPE (S={tpe_scale})",
+                 lambda: hydro_run(spec, space, tpe_scale, optuna_tpe(args.seed), scheduler(), hydro_options,
+                                   args, "d")))
+    rows = []
+    for name, run in runs:
+        print(f"\n=== {name}", flush=True)
+        start = time.perf_counter()
+        best_config, in_run = run()
+        wall = time.perf_counter() - start
+        target = train_full_size(spec, best_config)
+        rows.append({"run": name, "wall_s": wall, "best_config": best_config, "in_run_best": in_run,
+                     "target_" + spec.metric: target[spec.metric]})
+        print(f"{name}: {wall:.0f} s, best {best_config}, target {spec.metric} {target[spec.metric]:.4f}", flush=True)
+    ray.shutdown()
+    report(rows, spec, args)
+    return 0
+
+
+def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> tuple[dict, float]:
+    """Stock Ray Tune: every configuration as its own full-size trial of the same trainable."""
+    tuner = tune.Tuner(
+        trainable(spec), param_space=space,
+        tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=list(configs)),
+                                    num_samples=len(configs), metric=spec.metric, mode=spec.mode, reuse_actors=True,
+                                    max_concurrent_trials=args.concurrency, scheduler=scheduler),
+        run_config=tune.RunConfig(storage_path=args.storage, name="stock", verbose=0),
+    )
+    results = tuner.fit()
+    assert sorted(map(repr, (r.config for r in results))) == sorted(map(repr, configs))
+    best = results.get_best_result()
+    return {k: best.config[k] for k in space}, best.metrics[spec.metric]
+
+
+def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, options: dict, args, name: str,
+              configs: list[dict] | None = None) -> tuple[dict, float]:
+    """HydroSearcher over the same space; with ``searcher=None`` its seeded random search draws exactly
+    ``configs`` (checked). At most N / concurrency members per fused trial, so as many trials as (a) can run
+    at once."""
+    results, _ = fit(spec, space, scale=scale, fusion="auto", searcher=searcher, scheduler=scheduler,
+                     name=name, max_fusion=max(1, args.samples // args.concurrency), **options)
+    if configs is not None:
+        members = [c for r in results if r.config for _, c in plan_of(r.config).members if plan_of(r.config).fused]
+        assert sorted(map(repr, members)) == sorted(map(repr, configs))
+    best = best_configuration(results, spec)
+    return best["config"], best["value"]
+
+
+def train_full_size(spec: TuneSpec, config: dict) -> dict[str, float]:
+    """The full-size target trained with ``config`` (fixed seed, the same procedure for every run)."""
+    train, val = spec.load_data()
+    target = LoopedMembers(spec, [config], ["target"], 1)
+    rng = torch.Generator().manual_seed(spec.seed)
+    for _ in range(spec.epochs):
+        train_epoch(target, train, spec.batch_size_of(config), spec.loss, rng)
+    return {k: float(v[0]) for k, v in evaluate(target, val, spec.batch_size_of(config), spec.loss,
+                                                spec.metrics).items()}
+
+
+def report(rows: list[dict], spec: TuneSpec, args) -> None:
+    metric = "target_" + spec.metric
+    base = rows[0]
+    print(f"\nN={args.samples} configurations, {args.epochs} epochs, scheduler={args.scheduler}, "
+          f"concurrency={args.concurrency}, {os.cpu_count()} CPUs (load average at the end: "
+          f"{os.getloadavg()[0]:.1f})\n")
+    print(f"{'run':<42} {'wall s':>8} {'speed-up':>9} {metric:>16} {'rel. to (a)':>11}  best configuration")
+    for row in rows:
+        row["speedup_vs_a"] = base["wall_s"] / row["wall_s"]
+        row["relative_to_a"] = (row[metric] - base[metric]) / abs(base[metric])
+        config = ", ".join(f"{k}={v:.3g}" for k, v in row["best_config"].items())
+        print(f"{row['run']:<42} {row['wall_s']:8.0f} {row['speedup_vs_a']:8.2f}x {row[metric]:16.4f} "
+              f"{row['relative_to_a']:+10.2%}  {config}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "e2e_tuning.json"
+    out.write_text(json.dumps({"args": vars(args), "python": sys.version.split()[0], "torch": torch.__version__,
+                               "ray": ray.__version__, "machine": platform.machine(), "rows": rows},
+                              indent=2, default=str))
+    print(f"\nwritten: {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""HydroSearcher without a cluster: grouping, per-member observations, target, save/restore, bad input."""
+import math
+
+import pytest
+from ray.tune.search import Searcher
+
+import hydro.tune.searcher as searcher_module
+from hydro.tune import HydroSearcher, TuneSpec
+from hydro.tune.random_search import RandomSearch
+from hydro.tune.trial_config import SURROGATE, TARGET, plan_of
+from tests.tune.workload import SPACE, mlp, sgd, small_digits, spec
+
+
+class Scripted(Searcher):
+    """An inner searcher that suggests a fixed list and records what it is told."""
+
+    def __init__(self, configs):
+        super().__init__()
+        self.configs, self.suggested, self.results, self.completed = list(configs), [], [], []
+
+    def suggest(self, trial_id):
+        if not self.configs:
+            return Searcher.FINISHED
+        self.suggested.append(trial_id)
+        return self.configs.pop(0)
+
+    def on_trial_result(self, trial_id, result):
+        self.results.append((trial_id, result["val_acc"]))
+
+    def on_trial_complete(self, trial_id, result=None, error=False):
+        self.completed.append((trial_id, None if result is None else result["val_acc"], error))
+
+
+def member_result(members, epoch, acc, done=False):
+    """A flattened trial result as Ray passes it to searchers."""
+    flat = {"epoch": epoch, "val_acc": math.nan}
+    for m in members:
+        flat.update({f"members/{m}/val_acc": acc[m], f"members/{m}/epoch": epoch, f"members/{m}/done": done,
+                     f"members/{m}/training_iteration": epoch})
+    return flat
+
+
+def test_groups_by_batch_size_and_architecture_and_feeds_members_back():
+    configs = [{"lr": 0.1, "momentum": 0.0, "batch_size": b, "hidden": h}
+               for b, h in [(32, 8), (64, 8), (32, 8), (32, 16), (64, 8), (32, 8)]]
+    inner = Scripted(configs)
+    s = HydroSearcher(spec(group_by=["hidden"]), inner, num_samples=6, fusion=2)
+    s.set_search_properties("val_acc", "max", {})
+    trials = {}
+    while (config := s.suggest(f"t{len(trials)}")) not in (None, Searcher.FINISHED):
+        trials[f"t{len(trials)}"] = plan_of(config)
+    groups = [[(c["batch_size"], c["hidden"]) for _, c in p.members] for p in trials.values()]
+    assert all(len(set(g)) == 1 for g in groups)  # one batch size and width per fused trial
+    assert sorted(len(g) for g in groups) == [1, 1, 2, 2]
+    assert sorted(m for p in trials.values() for m, _ in p.members) == sorted(inner.suggested)
+    assert all(p.kind == SURROGATE and not p.reports_objective for p in trials.values())
+    # Every member's result reaches the inner searcher under the member's own id, once.
+    acc = {m: 0.1 * i for i, m in enumerate(sorted(inner.suggested))}
+    for t, plan in trials.items():
+        ids = [m for m, _ in plan.members]
+        s.on_trial_result(t, member_result(ids, 1, acc))
+        s.on_trial_result(t, member_result(ids, 2, acc, done=True))
+        s.on_trial_result(t, member_result(ids, 2, acc, done=True))  # a retried trial repeats an epoch
+        s.on_trial_complete(t, member_result(ids, 2, acc, done=True))
+    assert sorted(inner.results) == sorted(acc.items())
+    assert sorted(inner.completed) == sorted((m, a, False) for m, a in acc.items())
+    # All members done: the target trial trains the best member's config at full size, then the run ends.
+    target = plan_of(s.suggest("target"))
+    best = max(acc, key=acc.get)
+    assert target.kind == TARGET and target.scale == 1 and target.source["member"] == best
+    assert target.members[0][1] == configs[sorted(inner.suggested).index(best)]
+    assert s.suggest("after") == Searcher.FINISHED
+
+
+def test_fusion_auto_uses_plan_fusion(monkeypatch):
+    chosen, real_plan_fusion = [], searcher_module.plan_fusion
+
+    def recording_plan(*args, **kwargs):
+        plan = real_plan_fusion(*args, **kwargs)
+        chosen.append(plan.num_members)
+        return plan
+
+    monkeypatch.setattr(searcher_module, "plan_fusion", recording_plan)
+    s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion="auto")
+    plan = plan_of(s.suggest("t0"))
+    assert len(chosen) == 1 and len(plan.members) == min(chosen[0], 4)
+
+
+def test_save_restore_continues_the_search(tmp_path):
+    s = HydroSearcher(spec(), RandomSearch(seed=1), num_samples=6, fusion=2)
+    s.set_search_properties("val_acc", "max", SPACE)
+    first = plan_of(s.suggest("t0"))
+    s.save(str(tmp_path / "searcher.pkl"))
+    expected = plan_of(s.suggest("t1"))
+    restored = HydroSearcher(spec(), RandomSearch(seed=99), num_samples=6, fusion=2)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    assert plan_of(restored.suggest("t1")).members == expected.members
+    assert [m for m, _ in first.members] == ["m00000", "m00001"]
+
+
+def test_metric_not_reported_is_named_with_the_reported_keys():
+    s = HydroSearcher(spec(), num_samples=2, fusion=2)
+    with pytest.raises(ValueError, match=r"'accuracy'.*\['train_loss', 'val_loss', 'val_acc'\]"):
+        s.set_search_properties("accuracy", "max", SPACE)
+    with pytest.raises(ValueError, match=r"'acc' is not reported.*\['train_loss', 'val_loss'\]"):
+        TuneSpec(model=mlp, data=small_digits, loss=None, optimizer=sgd, metric="acc")

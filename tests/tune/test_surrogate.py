@@ -1,0 +1,33 @@
+"""build_member: the plain model at scale 1, the µP surrogate (hydro.shrink) above."""
+import pytest
+import torch
+
+import hydro
+from hydro.examples.models import MLP
+from hydro.tune.surrogate import build_member
+
+
+def factory(config):
+    return MLP((64, 256, 256, 10))
+
+
+def test_scale_one_is_the_users_model_and_bad_scales_fail():
+    model = build_member(factory, {}, 1)
+    assert type(model) is MLP and sum(p.numel() for p in model.parameters()) == 64 * 256 + 256 * 256 + 2570 + 512
+    with pytest.raises(ValueError, match="scale must be >= 1"):
+        build_member(factory, {}, 0)
+
+
+@pytest.mark.skipif(hasattr(hydro, "shrink"), reason="hydro.shrink is present")
+def test_scale_above_one_without_the_shrinker_names_it():
+    with pytest.raises(RuntimeError, match="hydro.shrink"):
+        build_member(factory, {}, 8)
+
+
+@pytest.mark.skipif(not hasattr(hydro, "shrink"), reason="needs the Model Shrinker (hydro.shrink)")
+def test_scale_eight_builds_a_narrower_fusable_surrogate():
+    full = build_member(factory, {}, 1)
+    small = build_member(factory, {}, 8)
+    assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in full.parameters()) / 8
+    fused = hydro.fuse([build_member(factory, {}, 8) for _ in range(3)])
+    assert fused(torch.randn(5, 64)).shape == (3, 5, 10)
