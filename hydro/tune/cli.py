@@ -35,7 +35,7 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                         help="fraction of members finished before the full-size target trains")
     parser.add_argument("--address", help="Ray cluster address ('auto' or host:port); default: the cluster of a "
                                           "'ray job submit' job, else an embedded local cluster")
-    parser.add_argument("--storage", default=os.path.abspath("hydro_results"), help="run directory root")
+    parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
