@@ -55,6 +55,22 @@ class FusedOptimizer(torch.optim.Optimizer):
         if (group["lr"] < 0).any():
             raise ValueError(f"Invalid learning rate: {group['lr'].tolist()}")
 
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._update(group, params)
+        return loss
+
+    def _update(self, group: dict, params: list[Tensor]) -> None:
+        """Apply one step to ``params`` (those of ``group`` that have gradients)."""
+        raise NotImplementedError
+
     @staticmethod
     def resolve(values: Tensor, like: Tensor) -> float | Tensor:
         """Per-member values ``[F]`` for arithmetic with parameters like ``like``: a Python float when all
@@ -67,6 +83,14 @@ class FusedOptimizer(torch.optim.Optimizer):
     def per_param(value: float | Tensor, param: Tensor) -> float | Tensor:
         """A resolved value shaped to broadcast against ``param`` ``[F, ...]``."""
         return value if isinstance(value, float) else member_view(value, param.dim() - 1)
+
+    @staticmethod
+    def add_scaled(x: Tensor, y: Tensor, scale: float | Tensor, *, inplace: bool = False) -> Tensor:
+        """``x + scale * y`` with a resolved ``scale`` (float, or ``[F]`` broadcast over ``y``'s member dims)."""
+        if isinstance(scale, float):
+            return x.add_(y, alpha=scale) if inplace else x.add(y, alpha=scale)
+        scale = member_view(scale, y.dim() - 1)
+        return x.addcmul_(y, scale) if inplace else torch.addcmul(x, y, scale)
 
     @torch.no_grad()
     def keep_members(self, index: Tensor) -> None:
