@@ -2,7 +2,8 @@
 
 Every hyperparameter listed in ``per_member`` is a scalar (all members) or ``F`` values, stored in the
 parameter group as a float64 tensor ``[F]`` (so LR schedulers and slicing act on it per member). Groups
-may carry ``lr_mult``/``wd_mult`` (default 1): per-parameter multipliers applied on top, e.g. µP's.
+may carry ``lr_mult``/``wd_mult`` (default 1): per-parameter multipliers applied on top, e.g. µP's: a
+group holding parameters of a ``hydro.shrink`` model is split by their µP multipliers (``mup_rule``).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch import Tensor
 
 from hydro.nn.base import member_view
+from hydro.shrink.mup import group_by_multipliers
 
 
 def per_member(value, count: int, name: str) -> Tensor:
@@ -31,11 +33,26 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     per_member: tuple[str, ...] = ("lr",)
 
+    @property
+    def mup_rule(self) -> str:
+        """µP multipliers of this family: 'adam' (MuAdam) if it normalises the gradient entrywise with a second
+        moment (``beta2``), else 'sgd' (MuSGD). A subclass may set the attribute."""
+        return "adam" if "beta2" in self.per_member else "sgd"
+
     def __init__(self, params: Iterable, defaults: dict) -> None:
         self.num_members: int | None = None
         super().__init__(params, {"lr_mult": 1.0, "wd_mult": 1.0, **defaults})
 
     def add_param_group(self, param_group: dict) -> None:
+        """Add ``param_group``, split by the µP multipliers of its parameters (see ``hydro.shrink``)."""
+        params = param_group["params"]
+        parts = group_by_multipliers([params] if isinstance(params, Tensor) else list(params), self.mup_rule)
+        for (lr_mult, wd_mult), part in parts.items():
+            self._add_group({**param_group, "params": part,
+                             "lr_mult": param_group.get("lr_mult", self.defaults["lr_mult"]) * lr_mult,
+                             "wd_mult": param_group.get("wd_mult", self.defaults["wd_mult"]) * wd_mult})
+
+    def _add_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         counts = {p.shape[0] if p.dim() else None for p in group["params"]}
