@@ -5,6 +5,7 @@ optimizers, ``trial_losses`` per-member losses, ``plan_fusion`` choice of the fu
 (Model Shrinker: µP surrogates, see :mod:`hydro.shrink`).
 """
 from hydro.binder import FusedModel, FuseError, fuse, keep_members, unfuse
-from hydro.shrink import ShrinkError, shrink
+from hydro import shrink  # the Model Shrinker package, callable as hydro.shrink(model, scale)
+from hydro.shrink import ShrinkError
 
 __all__ = ["FuseError", "FusedModel", "ShrinkError", "fuse", "keep_members", "shrink", "unfuse"]

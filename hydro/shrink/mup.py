@@ -7,6 +7,7 @@ rescaling. Shapes are a member's shapes: a fused parameter ``[F, ...]`` carries 
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -58,6 +59,32 @@ class MuShape:
             ratio = self.mult(1) / self.mult(0)  # fan-in multiplier / fan-out multiplier
             return 1.0 / ratio, ratio
         return 1.0, 1.0
+
+
+class MuParameter(nn.Parameter):
+    """A parameter whose attributes (its ``hydro_mup``) survive ``copy.deepcopy``; torch's Parameter drops
+    them, so a deep copy of a shrunk model (or ``hydro.unfuse``, which deep-copies) would lose µP."""
+
+    def __deepcopy__(self, memo: dict) -> "MuParameter":
+        if id(self) in memo:
+            return memo[id(self)]
+        result = super().__deepcopy__(memo)
+        result.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return result
+
+
+def as_mu_parameters(model: nn.Module) -> None:
+    """Every parameter of ``model`` becomes a :class:`MuParameter` keeping its attributes; one without a
+    ``MuShape`` gets an all-fixed one."""
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            mu = MuParameter(param.data, param.requires_grad)
+            mu.__dict__.update(param.__dict__)
+            if mu_shape(mu) is None:
+                setattr(mu, MUP_ATTR, MuShape((None,) * param.dim(), tuple(param.shape)))
+            module._parameters[name] = mu
 
 
 def mu_shape(param: Tensor) -> MuShape | None:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .errors import ShrinkError
-from .mup import MUP_ATTR, MuShape, rescale_init
+from .mup import MUP_ATTR, MuShape, as_mu_parameters, rescale_init
 from .rules import BuildContext, rule_for
 from .widths import WidthPlan, analyse, trace
 
@@ -31,17 +31,16 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, readout_zero
     if not isinstance(scale, int) or isinstance(scale, bool) or scale < 1:
         raise ShrinkError(f"hydro.shrink: scale must be an integer >= 1, got {scale!r}")
     _check_shrinkable(model, fixed)
-    plan = analyse(model, trace(model), fixed)
+    traced = copy.deepcopy(model)  # torch.fx stores tensor constants of forward on the module it traces
+    plan = analyse(traced, trace(traced), fixed)
     _check_sizes(model, plan, scale, min_width)
     surrogate = copy.deepcopy(model)
-    for path, fields in plan.layers.items():
+    for path in plan.layers:
         _set_module(surrogate, path, _shrunk_layer(model, path, plan, scale, readout_zero_init))
     for name, (group, dim) in plan.tensors.items():
         if plan.scaled(group):
             _slice_tensor(surrogate, name, dim, scale)
-    for param in surrogate.parameters():
-        if not hasattr(param, MUP_ATTR):
-            setattr(param, MUP_ATTR, MuShape((None,) * param.dim(), tuple(param.shape)))
+    as_mu_parameters(surrogate)
     return surrogate
 
 

@@ -44,6 +44,7 @@ _ELEMENTWISE_METHODS = {
 _RESHAPE_FUNCTIONS = {torch.flatten, torch.reshape, torch.cat, torch.concat, torch.stack, torch.mean, torch.sum}
 _RESHAPE_METHODS = {"view", "reshape", "flatten", "unflatten", "expand", "mean", "sum"}
 _LITERAL_SHAPE_METHODS = {"view", "reshape", "expand", "unflatten"}
+_REDUCTIONS = {torch.mean, torch.sum, "mean", "sum"}  # without a dim: a scalar, no width
 _QUERIES_METHODS = {"size", "dim", "numel", "nelement", "ndimension", "get_device", "is_contiguous"}
 _QUERY_ATTRIBUTES = {"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad"}
 _SIZE_CHANGING_LEAVES = (nn.Flatten, nn.Unflatten)
@@ -214,6 +215,8 @@ class _Analysis:
                 self.plan.groups.union(self._tag(q), self._tag(k))
                 self.tags[node], self.sizes[node] = self._tag(v), self.sizes.get(v)
                 return
+        if target in _REDUCTIONS and len(node.args) == 1 and "dim" not in node.kwargs:
+            return
         if (target in _ELEMENTWISE_METHODS) if method else (target in _ELEMENTWISE_FUNCTIONS):
             self._pass_through(node, keeps_size=True)
         elif (target in _RESHAPE_METHODS) if method else (target in _RESHAPE_FUNCTIONS):
