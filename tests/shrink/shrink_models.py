@@ -62,8 +62,8 @@ class CharTransformer(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         h = self.embed(tokens) + self.pos
-        # The causal mask is made in forward, not kept as a buffer: hydro.fuse stacks buffers per member, and
-        # hydro.nn.MultiheadAttention then reads the stacked [F, L, L] mask as a per-head [N*H, L, L] one.
+        # The causal mask is made in forward (a constant of the graph, shared by fused members), not kept as a
+        # buffer: hydro.fuse stacks buffers per member and fuses a layer given a stacked mask with torch.vmap.
         mask = nn.Transformer.generate_square_subsequent_mask(self.context)
         h = self.encoder(h, mask=mask, is_causal=True)
         return self.readout(self.norm(h))
