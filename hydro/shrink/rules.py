@@ -49,6 +49,10 @@ def _linear(t: nn.Linear, sizes: dict[str, int], ctx: BuildContext) -> nn.Module
 
 
 def _conv(t: nn.modules.conv._ConvNd, sizes: dict[str, int], ctx: BuildContext) -> nn.Module:
+    if "in" in ctx.scaled and "out" not in ctx.scaled:
+        raise ValueError("it maps a width to fixed output channels, which µP does with a readout (output "
+                         "multiplier 1/width_mult) that exists for Linear only. Fix: produce the output with an "
+                         "nn.Linear (e.g. pool + flatten + Linear, or a Linear over the channel dimension)")
     groups = t.groups
     if groups > 1 and groups == t.in_channels:  # depthwise: one group per channel
         groups = sizes["in"]

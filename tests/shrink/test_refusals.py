@@ -73,6 +73,12 @@ def test_literal_size_in_a_reshape():
         hydro.shrink(Literal(), 4)
 
 
+def test_convolution_as_output_layer():
+    head = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 5, 1))  # per-pixel classes
+    with pytest.raises(ShrinkError, match=r"layer '2' \(Conv2d\).*readout.*nn.Linear"):
+        hydro.shrink(head, 4)
+
+
 def test_model_without_width_dimension():
     with pytest.raises(ShrinkError, match="no width dimension"):
         hydro.shrink(nn.Sequential(nn.Linear(16, 10), nn.ReLU()), 2)
