@@ -76,6 +76,27 @@ def test_cnn_channels_groups_norms_and_flatten():
     assert small(torch.randn(2, 1, 8, 8)).shape == (2, 10)
 
 
+def test_conv1d_batchnorm1d_and_reduction_over_time():
+    class Audio(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(2, 64, 5, padding=2)
+            self.bn = nn.BatchNorm1d(64)
+            self.conv2 = nn.Conv1d(64, 64, 3, padding=1, groups=4)
+            self.fc = nn.Linear(64, 3)
+
+        def forward(self, x):  # [N, 2, T]
+            h = self.conv2(F.relu(self.bn(self.conv(x))))
+            return self.fc(h.mean(dim=-1))
+
+    small = hydro.shrink(Audio(), 4)
+    assert (small.conv.in_channels, small.conv.out_channels, small.bn.num_features) == (2, 16, 16)
+    assert (small.conv2.in_channels, small.conv2.out_channels, small.conv2.groups) == (16, 16, 4)
+    assert small.conv2.weight.hydro_mup.base == (64, 16, None)  # 16 = 64/4 channels per group, at full width
+    assert isinstance(small.fc, Readout) and small.fc.in_features == 16
+    assert small(torch.randn(2, 2, 20)).shape == (2, 3)
+
+
 def test_transformer_keeps_head_dim_reduces_heads_scales_logits_by_one_over_head_dim():
     target = CharTransformer(128, vocab=32, context=16, layers=2, head_dim=16)
     small = hydro.shrink(target, 4)
