@@ -24,7 +24,8 @@ from torch.fx import Node
 from .errors import ShrinkError
 from .rules import RULES, rule_for
 
-_ELEMENTWISE_FUNCTIONS = {
+# Element-wise operations, activations, transposes, indexing: the result has the input's width and feature size.
+_SIZE_KEEPING_FUNCTIONS = {
     operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pos, operator.pow,
     operator.iadd, operator.isub, operator.imul, operator.itruediv,
     torch.add, torch.sub, torch.mul, torch.div, torch.neg, torch.relu, torch.tanh, torch.sigmoid, torch.exp,
@@ -35,7 +36,7 @@ _ELEMENTWISE_FUNCTIONS = {
     F.avg_pool1d, F.avg_pool2d, F.max_pool1d, F.max_pool2d, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d,
     F.adaptive_max_pool1d, F.adaptive_max_pool2d, operator.getitem,
 }
-_ELEMENTWISE_METHODS = {
+_SIZE_KEEPING_METHODS = {
     "add", "sub", "mul", "div", "neg", "relu", "tanh", "sigmoid", "exp", "abs", "clamp", "pow", "sqrt", "rsqrt",
     "softmax", "log_softmax", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "float", "double",
     "half", "to", "type_as", "clone", "detach", "masked_fill", "add_", "mul_",
@@ -45,7 +46,7 @@ _RESHAPE_FUNCTIONS = {torch.flatten, torch.reshape, torch.cat, torch.concat, tor
 _RESHAPE_METHODS = {"view", "reshape", "flatten", "unflatten", "expand", "mean", "sum"}
 _LITERAL_SHAPE_METHODS = {"view", "reshape", "expand", "unflatten"}
 _REDUCTIONS = {torch.mean, torch.sum, "mean", "sum"}  # without a dim: a scalar, no width
-_QUERIES_METHODS = {"size", "dim", "numel", "nelement", "ndimension", "get_device", "is_contiguous"}
+_QUERY_METHODS = {"size", "dim", "numel", "nelement", "ndimension", "get_device", "is_contiguous"}
 _QUERY_ATTRIBUTES = {"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad"}
 _SIZE_CHANGING_LEAVES = (nn.Flatten, nn.Unflatten)
 
@@ -201,7 +202,7 @@ class _Analysis:
         tagged = [a for a in node.all_input_nodes if a in self.tags]
         if not tagged:
             return
-        if (method and target in _QUERIES_METHODS) or (target is getattr and node.args[1] in _QUERY_ATTRIBUTES):
+        if (method and target in _QUERY_METHODS) or (target is getattr and node.args[1] in _QUERY_ATTRIBUTES):
             return
         if target is operator.getitem and isinstance(self.tags.get(node.args[0]), dict):
             tag = self.tags[node.args[0]].get(node.args[1])
@@ -217,7 +218,7 @@ class _Analysis:
                 return
         if target in _REDUCTIONS and len(node.args) == 1 and "dim" not in node.kwargs:
             return
-        if (target in _ELEMENTWISE_METHODS) if method else (target in _ELEMENTWISE_FUNCTIONS):
+        if (target in _SIZE_KEEPING_METHODS) if method else (target in _SIZE_KEEPING_FUNCTIONS):
             self._pass_through(node, keeps_size=True)
         elif (target in _RESHAPE_METHODS) if method else (target in _RESHAPE_FUNCTIONS):
             self._pass_through(node, keeps_size=False)
@@ -276,7 +277,7 @@ class _Analysis:
                 if not plan.scaled(g):
                     continue
                 members = list(plan.members(g))
-                sizes = {s for p, f in members for s in [_field_size(self.model, p, f)]}
+                sizes = {_field_size(self.model, p, f) for p, f in members}
                 if check.sizes and not check.sizes & sizes:
                     continue
                 coupled = ", ".join(f"'{p}'.{f}" for p, f in members[:3])
