@@ -10,8 +10,8 @@ architecture built at width/S. Every sweep is one ``hydro.fuse`` model with one 
 losses over 16 random configurations (mlp: SGD lr, momentum, weight decay; lm: AdamW lr, betas, weight
 decay). Final loss: mlp on the whole training set, lm on held-out text. Prints tables, writes ``mup_transfer.json`` and ``mup_transfer.png`` to ``--out``.
 
-    python benchmarks/mup_transfer.py            # full run (about 10 minutes on 2 CPU cores)
-    python benchmarks/mup_transfer.py --quick    # smaller models, fewer steps (about a minute)
+    python benchmarks/mup_transfer.py            # full run (2-7 minutes on 2 CPU cores)
+    python benchmarks/mup_transfer.py --quick    # smaller models, fewer steps (about 30 seconds)
 """
 from __future__ import annotations
 
