@@ -12,6 +12,7 @@ class Adam(FusedOptimizer):
     values. ``decoupled_weight_decay=True`` gives AdamW."""
 
     per_member = ("lr", "beta1", "beta2", "eps", "weight_decay")
+    mup_rule = "adam"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad: bool = False, *,
                  maximize: bool = False, decoupled_weight_decay: bool = False) -> None:

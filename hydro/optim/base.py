@@ -32,12 +32,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` for fused parameters whose leading dimension is the member (trial)."""
 
     per_member: tuple[str, ...] = ("lr",)
-
-    @property
-    def mup_rule(self) -> str:
-        """µP multipliers of this family: 'adam' (MuAdam) if it normalises the gradient entrywise with a second
-        moment (``beta2``), else 'sgd' (MuSGD). A subclass may set the attribute."""
-        return "adam" if "beta2" in self.per_member else "sgd"
+    mup_rule = "sgd"  # which µP multipliers apply: "sgd" (MuSGD) or "adam" (MuAdam, entrywise-normalised)
 
     def __init__(self, params: Iterable, defaults: dict) -> None:
         self.num_members: int | None = None
