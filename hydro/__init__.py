@@ -1,8 +1,11 @@
 """Hydro: surrogate-based, fused hyperparameter tuning.
 
 ``fuse``/``unfuse``/``keep_members`` (Trial Binder), ``hydro.nn`` fused layers, ``hydro.optim`` fused
-optimizers, ``trial_losses`` per-member losses, ``plan_fusion`` choice of the fusion count.
+optimizers, ``trial_losses`` per-member losses, ``plan_fusion`` choice of the fusion count, ``shrink``
+(Model Shrinker: µP surrogates, see :mod:`hydro.shrink`).
 """
 from hydro.binder import FusedModel, FuseError, fuse, keep_members, unfuse
+from hydro import shrink  # the Model Shrinker package, callable as hydro.shrink(model, scale)
+from hydro.shrink import ShrinkError
 
-__all__ = ["FuseError", "FusedModel", "fuse", "keep_members", "unfuse"]
+__all__ = ["FuseError", "FusedModel", "ShrinkError", "fuse", "keep_members", "shrink", "unfuse"]

@@ -64,10 +64,11 @@ def fuse(models: Sequence[nn.Module], *, leaf_modules: Iterable[type[nn.Module]]
     if not models or not all(isinstance(m, nn.Module) for m in models):
         raise FuseError("hydro.fuse needs a non-empty sequence of nn.Module members")
     tracer_leaves = tuple(leaf_modules)
-    graphs = [_trace(m, tracer_leaves) for m in models]
+    graphs, constants = zip(*(_trace(m, tracer_leaves) for m in models))
     is_leaf = _leaf_predicate(tracer_leaves)
-    _check_same_architecture(models, graphs, is_leaf)
-    return _build(models, graphs[0], is_leaf, fused_inputs)
+    _check_same_architecture(models, list(graphs), is_leaf)
+    _check_same_constants(list(constants))
+    return _build(models, graphs[0], constants[0], is_leaf, fused_inputs)
 
 
 def unfuse(fused: FusedModel) -> list[nn.Module]:
@@ -76,9 +77,12 @@ def unfuse(fused: FusedModel) -> list[nn.Module]:
     state = fused.state_dict()
     device = next((t.device for t in state.values()), torch.device("cpu"))
     members = []
+    fused_params = dict(fused.named_parameters(remove_duplicate=False))
     for i in range(fused.num_members):
         member = copy.deepcopy(template).to(device)
         member.load_state_dict({k: v[i] for k, v in state.items()})
+        for name, param in member.named_parameters(remove_duplicate=False):  # e.g. µP shapes (deepcopy drops them)
+            param.__dict__.update(fused_params[name].__dict__)
         members.append(member.train(fused.training))
     return members
 
@@ -127,21 +131,32 @@ class _Tracer(torch.fx.Tracer):
         return _leaf_predicate(self.leaf_types)(m, module_qualified_name)
 
 
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
 def _leaf_predicate(leaf_types: tuple[type[nn.Module], ...]):
     default = torch.fx.Tracer().is_leaf_module
 
     def is_leaf(m: nn.Module, qualified_name: str = "") -> bool:
-        return is_registered(m) or isinstance(m, leaf_types) or default(m, qualified_name)
+        if isinstance(m, leaf_types) or is_registered(m):
+            return True
+        return default(m, qualified_name) and not isinstance(m, _CONTAINERS)  # containers are never called
 
     return is_leaf
 
 
-def _trace(model: nn.Module, leaf_types) -> torch.fx.Graph:
+def _trace(model: nn.Module, leaf_types) -> tuple[torch.fx.Graph, dict[str, Tensor]]:
+    """The member's graph and the tensor constants of its forward. torch.fx stores those constants as
+    attributes of the traced module; they are taken off again, so tracing leaves the member as it was."""
+    before = set(model.__dict__)
     try:
-        return _Tracer(leaf_types).trace(model)
+        graph = _Tracer(leaf_types).trace(model)
     except Exception as error:  # torch.fx raises many types; all mean "not traceable as written"
         raise FuseError(f"hydro.fuse: torch.fx cannot trace {type(model).__name__}.forward: "
                         f"{type(error).__name__}: {error}. {_TRACE_HELP}") from error
+    finally:
+        added = {name: model.__dict__.pop(name) for name in set(model.__dict__) - before}
+    return graph, added
 
 
 def _leaves(model: nn.Module, is_leaf) -> dict[str, nn.Module]:
@@ -197,6 +212,16 @@ def _check_same_architecture(models: list[nn.Module], graphs: list[torch.fx.Grap
                 raise FuseError(f"{where} in forward at node '{a[0]}': {b[1:]} vs {a[1:]}. {advice}")
 
 
+def _check_same_constants(constants: list[dict[str, Tensor]]) -> None:
+    """Tensor constants created in forward are shared by all members, so they must be equal."""
+    for i, own in enumerate(constants[1:], start=1):
+        for name, value in own.items():
+            ref = constants[0][name]
+            if not (isinstance(value, Tensor) and value.shape == ref.shape and torch.equal(value, ref)):
+                raise FuseError(f"hydro.fuse: member {i} differs from member 0 in a tensor constant of its forward "
+                                f"({name}, shape {tuple(value.shape)}); make it a buffer so each member keeps its own")
+
+
 def _graph_signature(graph: torch.fx.Graph) -> list[tuple]:
     def show(arg):
         return torch.fx.node.map_aggregate(arg, lambda a: f"%{a.name}" if isinstance(a, Node) else a)
@@ -222,7 +247,8 @@ def _make_twin(fused: FusedModel, path: str, modules: list[nn.Module]) -> nn.Mod
     return twin
 
 
-def _build(models: list[nn.Module], graph: torch.fx.Graph, is_leaf, fused_inputs: bool) -> FusedModel:
+def _build(models: list[nn.Module], graph: torch.fx.Graph, constants: dict[str, Tensor], is_leaf,
+           fused_inputs: bool) -> FusedModel:
     fused = FusedModel(len(models))
     member_tensors = [all_tensors(m) for m in models]
 
@@ -234,9 +260,8 @@ def _build(models: list[nn.Module], graph: torch.fx.Graph, is_leaf, fused_inputs
 
     mirror(models[0], stack, fused, make_module=leaf)
     _tie(fused, _ties(models[0]))
-    for node in graph.nodes:  # tensor constants of the members' forward, shared by all members
-        if node.op == "get_attr" and node.target not in member_tensors[0]:
-            _set_path(fused, node.target, copy.deepcopy(_get_path(models[0], node.target)))
+    for name, value in constants.items():  # tensor constants of the members' forward, shared by all members
+        setattr(fused, name, value)
     new_graph = _rewrite(graph, fused, models, member_tensors[0].keys(), fused_inputs)
     fused.graph = new_graph
     fused._forward_fn = type(torch.fx.GraphModule(fused, new_graph)).forward
@@ -249,12 +274,6 @@ def _tie(fused: FusedModel, ties: list[list[str]]) -> None:
         shared = fused.get_parameter(group[0])
         for name in group[1:]:
             _set_path(fused, name, shared)
-
-
-def _get_path(root: nn.Module, path: str):
-    for part in path.split("."):
-        root = getattr(root, part)
-    return root
 
 
 def _set_path(root: nn.Module, path: str, value) -> None:

@@ -78,13 +78,17 @@ def plan_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, Ten
     return FusionPlan(chosen, str(device), int(budget), reason, measurements)
 
 
-def _default_budget(device: torch.device) -> int:
+def free_memory_bytes(device: torch.device | str = "cpu") -> int:
+    """Free memory of ``device``: CUDA's free device memory, or the available RAM (Linux ``MemAvailable``)."""
+    device = torch.device(device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(0.9 * free)
+        return torch.cuda.mem_get_info(device)[0]
     with open("/proc/meminfo") as meminfo:
-        available_kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable"))
-    return available_kib * 1024 // 2
+        return next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable")) * 1024
+
+
+def _default_budget(device: torch.device) -> int:
+    return int(0.9 * free_memory_bytes(device)) if device.type == "cuda" else free_memory_bytes(device) // 2
 
 
 def _predicted_bytes(measurements: list[FusionMeasurement], count: int) -> float:

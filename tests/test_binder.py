@@ -294,3 +294,38 @@ def test_fused_model_deepcopies_and_trains_on_copy():
     with torch.no_grad():
         clone.net[0].weight.add_(1.0)  # containers keep their types: indexing works
     assert not torch.allclose(clone(x), fused(x))
+
+
+class ListModel(nn.Module):
+    """Layers in a ModuleList and a ModuleDict, called one by one; a causal mask built in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(2)])
+        self.heads = nn.ModuleDict({"out": nn.Linear(8, 3)})
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        mask = torch.triu(torch.ones(5, 5), 1)  # a tensor constant of forward (batch of 5)
+        return self.heads["out"](mask @ x)
+
+
+def test_module_lists_and_dicts_are_traced_through_and_members_stay_untouched():
+    torch.manual_seed(0)
+    models = [ListModel() for _ in range(3)]
+    attributes = [set(m.__dict__) for m in models]
+    fused = hydro.fuse(models)
+    assert not fused.fallbacks
+    assert [set(m.__dict__) for m in models] == attributes  # tracing left no constants behind
+    hydro.fuse(models + [ListModel()])  # members traced before fuse again with a fresh one
+    x = torch.randn(5, 8)
+    for i, m in enumerate(models):
+        torch.testing.assert_close(fused(x)[i], m(x))
+
+
+def test_unfuse_keeps_parameter_attributes():
+    models = [MLP((4, 3)) for _ in range(2)]
+    for m in models:
+        m.net[0].weight.tag = "kept"
+    assert all(m.net[0].weight.tag == "kept" for m in hydro.unfuse(hydro.fuse(models)))

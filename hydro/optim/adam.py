@@ -12,6 +12,7 @@ class Adam(FusedOptimizer):
     values. ``decoupled_weight_decay=True`` gives AdamW."""
 
     per_member = ("lr", "beta1", "beta2", "eps", "weight_decay")
+    mup_rule = "adam"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad: bool = False, *,
                  maximize: bool = False, decoupled_weight_decay: bool = False) -> None:
@@ -34,60 +35,48 @@ class Adam(FusedOptimizer):
         if (group["eps"] < 0).any() or (group["weight_decay"] < 0).any():
             raise ValueError("Adam: eps and weight_decay must be >= 0 for every member")
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            like, view = params[0], self.per_param
-            lr_all = group["lr"] * group["lr_mult"]
-            decay_all = group["weight_decay"] * group["wd_mult"]
-            decay = self.resolve(decay_all, like)
-            shrink = self.resolve(1 - lr_all * decay_all, like)  # decoupled decay factor
-            blend1 = self.resolve(1 - group["beta1"], like)
-            beta2, blend2 = self.resolve(group["beta2"], like), self.resolve(1 - group["beta2"], like)
-            eps = self.resolve(group["eps"], like)
-            for p in params:
-                grad = -p.grad if group["maximize"] else p.grad
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    if group["amsgrad"]:
-                        state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                step = state["step"]
-                if isinstance(decay, Tensor) or decay != 0.0:
-                    if group["decoupled_weight_decay"]:
-                        p.mul_(view(shrink, p))
-                    elif isinstance(decay, float):
-                        grad = grad.add(p, alpha=decay)
-                    else:
-                        grad = torch.addcmul(grad, p, view(decay, p))
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.lerp_(grad, view(blend1, p))
-                exp_avg_sq.mul_(view(beta2, p))
-                if isinstance(blend2, float):
-                    exp_avg_sq.addcmul_(grad, grad, value=blend2)
-                else:
-                    exp_avg_sq.addcmul_(grad, grad * view(blend2, p))
-                step_size = self.resolve(lr_all / (1 - group["beta1"] ** step), like)
-                bias_correction2_sqrt = self.resolve((1 - group["beta2"] ** step).sqrt(), like)
+    def _update(self, group: dict, params: list[Tensor]) -> None:
+        like, view = params[0], self.per_param
+        lr_all = group["lr"] * group["lr_mult"]
+        decay_all = group["weight_decay"] * group["wd_mult"]
+        decay = self.resolve(decay_all, like)
+        shrink = self.resolve(1 - lr_all * decay_all, like)  # decoupled decay factor
+        blend1 = self.resolve(1 - group["beta1"], like)
+        beta2, blend2 = self.resolve(group["beta2"], like), self.resolve(1 - group["beta2"], like)
+        eps = self.resolve(group["eps"], like)
+        for p in params:
+            grad = -p.grad if group["maximize"] else p.grad
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group["amsgrad"]:
-                    torch.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
-                    exp_avg_sq = state["max_exp_avg_sq"]
-                denom = (exp_avg_sq.sqrt() / view(bias_correction2_sqrt, p)).add_(view(eps, p))
-                if isinstance(step_size, float):
-                    p.addcdiv_(exp_avg, denom, value=-step_size)
-                else:  # p -= m / (denom / step_size): one pass less than (m / denom) * step_size
-                    p.addcdiv_(exp_avg, denom.div_(view(step_size, p)), value=-1)
-        return loss
+                    state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            step = state["step"]
+            if isinstance(decay, Tensor) or decay != 0.0:
+                if group["decoupled_weight_decay"]:
+                    p.mul_(view(shrink, p))
+                else:
+                    grad = self.add_scaled(grad, p, decay)
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            exp_avg.lerp_(grad, view(blend1, p))
+            exp_avg_sq.mul_(view(beta2, p))
+            if isinstance(blend2, float):
+                exp_avg_sq.addcmul_(grad, grad, value=blend2)
+            else:
+                exp_avg_sq.addcmul_(grad, grad * view(blend2, p))
+            step_size = self.resolve(lr_all / (1 - group["beta1"] ** step), like)
+            bias_correction2_sqrt = self.resolve((1 - group["beta2"] ** step).sqrt(), like)
+            if group["amsgrad"]:
+                torch.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
+                exp_avg_sq = state["max_exp_avg_sq"]
+            denom = (exp_avg_sq.sqrt() / view(bias_correction2_sqrt, p)).add_(view(eps, p))
+            if isinstance(step_size, float):
+                p.addcdiv_(exp_avg, denom, value=-step_size)
+            else:  # p -= m / (denom / step_size): one pass less than (m / denom) * step_size
+                p.addcdiv_(exp_avg, denom.div_(view(step_size, p)), value=-1)
 
 
 class AdamW(Adam):

@@ -2,7 +2,8 @@
 
 Every hyperparameter listed in ``per_member`` is a scalar (all members) or ``F`` values, stored in the
 parameter group as a float64 tensor ``[F]`` (so LR schedulers and slicing act on it per member). Groups
-may carry ``lr_mult``/``wd_mult`` (default 1): per-parameter multipliers applied on top, e.g. µP's.
+may carry ``lr_mult``/``wd_mult`` (default 1): per-parameter multipliers applied on top, e.g. µP's: a
+group holding parameters of a ``hydro.shrink`` model is split by their µP multipliers (``mup_rule``).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch import Tensor
 
 from hydro.nn.base import member_view
+from hydro.shrink.mup import group_by_multipliers
 
 
 def per_member(value, count: int, name: str) -> Tensor:
@@ -30,12 +32,22 @@ class FusedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` for fused parameters whose leading dimension is the member (trial)."""
 
     per_member: tuple[str, ...] = ("lr",)
+    mup_rule = "sgd"  # which µP multipliers apply: "sgd" (MuSGD) or "adam" (MuAdam, entrywise-normalised)
 
     def __init__(self, params: Iterable, defaults: dict) -> None:
         self.num_members: int | None = None
         super().__init__(params, {"lr_mult": 1.0, "wd_mult": 1.0, **defaults})
 
     def add_param_group(self, param_group: dict) -> None:
+        """Add ``param_group``, split by the µP multipliers of its parameters (see ``hydro.shrink``)."""
+        params = param_group["params"]
+        parts = group_by_multipliers([params] if isinstance(params, Tensor) else list(params), self.mup_rule)
+        for (lr_mult, wd_mult), part in parts.items():
+            self._add_group({**param_group, "params": part,
+                             "lr_mult": param_group.get("lr_mult", self.defaults["lr_mult"]) * lr_mult,
+                             "wd_mult": param_group.get("wd_mult", self.defaults["wd_mult"]) * wd_mult})
+
+    def _add_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         counts = {p.shape[0] if p.dim() else None for p in group["params"]}
@@ -55,6 +67,22 @@ class FusedOptimizer(torch.optim.Optimizer):
         if (group["lr"] < 0).any():
             raise ValueError(f"Invalid learning rate: {group['lr'].tolist()}")
 
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._update(group, params)
+        return loss
+
+    def _update(self, group: dict, params: list[Tensor]) -> None:
+        """Apply one step to ``params`` (those of ``group`` that have gradients)."""
+        raise NotImplementedError
+
     @staticmethod
     def resolve(values: Tensor, like: Tensor) -> float | Tensor:
         """Per-member values ``[F]`` for arithmetic with parameters like ``like``: a Python float when all
@@ -67,6 +95,14 @@ class FusedOptimizer(torch.optim.Optimizer):
     def per_param(value: float | Tensor, param: Tensor) -> float | Tensor:
         """A resolved value shaped to broadcast against ``param`` ``[F, ...]``."""
         return value if isinstance(value, float) else member_view(value, param.dim() - 1)
+
+    @staticmethod
+    def add_scaled(x: Tensor, y: Tensor, scale: float | Tensor, *, inplace: bool = False) -> Tensor:
+        """``x + scale * y`` with a resolved ``scale`` (float, or ``[F]`` broadcast over ``y``'s member dims)."""
+        if isinstance(scale, float):
+            return x.add_(y, alpha=scale) if inplace else x.add(y, alpha=scale)
+        scale = member_view(scale, y.dim() - 1)
+        return x.addcmul_(y, scale) if inplace else torch.addcmul(x, y, scale)
 
     @torch.no_grad()
     def keep_members(self, index: Tensor) -> None:

@@ -26,49 +26,28 @@ class SGD(FusedOptimizer):
         if group["nesterov"] and ((group["momentum"] <= 0).any() or (group["dampening"] != 0).any()):
             raise ValueError("SGD: Nesterov momentum requires momentum > 0 and dampening = 0 for every member")
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            like, view = params[0], self.per_param
-            lr = self.resolve(group["lr"] * group["lr_mult"], like)
-            decay = self.resolve(group["weight_decay"] * group["wd_mult"], like)
-            momentum = self.resolve(group["momentum"], like)
-            damping = self.resolve(1 - group["dampening"], like)
-            some_momentum, all_momentum = bool(group["momentum"].any()), bool(group["momentum"].all())
-            for p in params:
-                grad = -p.grad if group["maximize"] else p.grad
-                if isinstance(decay, Tensor) or decay != 0.0:
-                    grad = torch.addcmul(grad, p, view(decay, p)) if isinstance(decay, Tensor) else grad.add(p, alpha=decay)
-                if some_momentum:
-                    state = self.state[p]
-                    buf = state.get("momentum_buffer")
-                    if buf is None:
-                        buf = state["momentum_buffer"] = grad.clone()
-                    else:
-                        buf.mul_(view(momentum, p))
-                        if isinstance(damping, float):
-                            buf.add_(grad, alpha=damping)
-                        else:
-                            buf.addcmul_(grad, view(damping, p))
-                    if group["nesterov"]:
-                        direction = torch.addcmul(grad, buf, view(momentum, p)) if isinstance(momentum, Tensor) \
-                            else grad.add(buf, alpha=momentum)
-                    else:
-                        direction = buf
-                    if not all_momentum:  # members without momentum step along the plain gradient
-                        direction = torch.where(member_view(group["momentum"] != 0, p.dim() - 1).to(p.device),
-                                                direction, grad)
+    def _update(self, group: dict, params: list[Tensor]) -> None:
+        like, view = params[0], self.per_param
+        neg_lr = self.resolve(-group["lr"] * group["lr_mult"], like)
+        decay = self.resolve(group["weight_decay"] * group["wd_mult"], like)
+        momentum = self.resolve(group["momentum"], like)
+        damping = self.resolve(1 - group["dampening"], like)
+        some_momentum, all_momentum = bool(group["momentum"].any()), bool(group["momentum"].all())
+        for p in params:
+            grad = -p.grad if group["maximize"] else p.grad
+            if isinstance(decay, Tensor) or decay != 0.0:
+                grad = self.add_scaled(grad, p, decay)
+            if some_momentum:
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = grad.clone()
                 else:
-                    direction = grad
-                if isinstance(lr, float):
-                    p.add_(direction, alpha=-lr)
-                else:
-                    p.addcmul_(direction, view(lr, p), value=-1)
-        return loss
+                    self.add_scaled(buf.mul_(view(momentum, p)), grad, damping, inplace=True)
+                direction = self.add_scaled(grad, buf, momentum) if group["nesterov"] else buf
+                if not all_momentum:  # members without momentum step along the plain gradient
+                    direction = torch.where(member_view(group["momentum"] != 0, p.dim() - 1).to(p.device),
+                                            direction, grad)
+            else:
+                direction = grad
+            self.add_scaled(p, direction, neg_lr, inplace=True)

@@ -1,0 +1,154 @@
+"""Fill trials: fused tuning trials that train layer by layer inside a pipeline stage's bubbles.
+
+A :class:`FillTrial` trains in its own thread at the lowest OS priority. Hooks before every layer's
+forward and backward (and before the loss and the optimizer step) wait on a :class:`BubbleGate`, so
+the trial pauses at a layer boundary when the bubble ends and resumes in the next one with nothing lost.
+Its batches depend only on (seed, step), so a trial moved elsewhere from its checkpoint continues
+exactly as it would have run alone.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from hydro.binder import fuse
+from hydro.examples import models
+from hydro.loss import trial_losses
+from hydro.optim import SGD
+
+from .gate import BubbleGate, FillAborted
+
+
+@dataclass
+class FillSpec:
+    """A fused trial of a bundled example model (``hydro.examples.models``) with per-member SGD
+    configurations (``lr``, ``momentum``), trained on synthetic batches ``[batch_size, *input_shape]``."""
+
+    configs: list[dict]
+    model: str = "MLP"
+    model_kwargs: dict = field(default_factory=lambda: {"sizes": (64, 128, 128, 10)})
+    input_shape: tuple[int, ...] = (64,)
+    num_classes: int = 10
+    batch_size: int = 32
+    seed: int = 0
+
+
+class FillTrial:
+    """One fused fill trial; ``step()`` trains one step, gated by ``gate`` between layers."""
+
+    def __init__(self, spec: FillSpec, gate: BubbleGate | None = None) -> None:
+        self.spec, self.gate = spec, gate
+        with torch.random.fork_rng():
+            torch.manual_seed(spec.seed)
+            members = [getattr(models, spec.model)(**spec.model_kwargs) for _ in spec.configs]
+        self.model = fuse(members)
+        self.optimizer = SGD(self.model.parameters(), lr=[c["lr"] for c in spec.configs],
+                             momentum=[c.get("momentum", 0.0) for c in spec.configs])
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.completed_steps = 0
+        self.compute_s = 0.0  # time spent computing (inside bubbles when gated)
+        self.layer_cost: dict[str, float] = {}
+        self._current: tuple[str, float] | None = None
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        for name, module in self.model.named_modules():
+            if not list(module.children()):
+                module.register_forward_pre_hook(lambda m, a, name=name: self._boundary("F:" + name))
+                module.register_forward_hook(lambda m, a, out, name=name: self._hook_backward(out, "B:" + name))
+
+    @property
+    def num_members(self) -> int:
+        return self.model.num_members
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + step)
+        x = torch.randn(self.spec.batch_size, *self.spec.input_shape, generator=g)
+        return x, torch.randint(0, self.spec.num_classes, (self.spec.batch_size,), generator=g)
+
+    def step(self) -> None:
+        x, y = self.batch(self.completed_steps)
+        self.optimizer.zero_grad(set_to_none=False)
+        output = self.model(x)
+        self._boundary("loss")
+        trial_losses(self.loss_fn, output, y).sum().backward()
+        self._boundary("optimizer")
+        self.optimizer.step()
+        self._boundary(None)
+        self.completed_steps += 1
+
+    def _hook_backward(self, output, unit: str) -> None:
+        """Mark a boundary just before this layer's backward: when the gradient of its output arrives."""
+        first = output[0] if isinstance(output, tuple) else output
+        if isinstance(first, torch.Tensor) and first.requires_grad:
+            first.register_hook(lambda grad: self._boundary(unit))
+
+    def _boundary(self, unit: str | None) -> None:
+        """Close the timing of the unit that just ran; wait for room in a bubble for ``unit``."""
+        now = time.perf_counter()
+        if self._current is not None:
+            name, start = self._current
+            self.compute_s += now - start
+            if self.completed_steps > 0:  # the first step's times include one-off set-up: not representative
+                previous = self.layer_cost.get(name)
+                self.layer_cost[name] = now - start if previous is None else 0.7 * previous + 0.3 * (now - start)
+            self._current = None
+        if unit is None:
+            return
+        if self.gate is not None:
+            self.gate.wait_for(self.layer_cost.get(unit, 0.0))
+        self._current = (unit, time.perf_counter())
+
+    def start(self, steps: int, cpus: set[int] | None = None) -> None:
+        """Train ``steps`` more steps in a background thread at the lowest OS priority, on ``cpus`` if given
+        (the host stage's cores, so the stage preempts it as soon as its wait ends)."""
+
+        def run() -> None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                if cpus:
+                    os.sched_setaffinity(0, cpus)
+            except (OSError, AttributeError):  # not permitted or not Linux: priority/placement stay as they are
+                pass
+            try:
+                for _ in range(steps):
+                    self.step()
+            except FillAborted:
+                self._current = None
+            except RuntimeError as error:  # an abort raised inside a backward hook arrives wrapped
+                if not isinstance(error.__cause__, FillAborted) and "FillAborted" not in str(error):
+                    self.error = error
+            except BaseException as error:  # noqa: BLE001 - surfaced by join()
+                self.error = error
+
+        self._thread = threading.Thread(target=run, name="hydro-fill", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop at the next layer boundary (the step in flight is dropped) and wait for the thread."""
+        if self.gate is not None:
+            self.gate.abort()
+        self.join()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def checkpoint(self) -> dict:
+        """Everything needed to continue elsewhere: spec, completed steps, weights, optimizer state."""
+        return {"spec": self.spec, "completed_steps": self.completed_steps, "member_ids": self.model.member_ids,
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: dict, gate: BubbleGate | None = None) -> "FillTrial":
+        trial = cls(checkpoint["spec"], gate)
+        trial.model.load_state_dict(checkpoint["model"])
+        trial.optimizer.load_state_dict(checkpoint["optimizer"])
+        trial.completed_steps = checkpoint["completed_steps"]
+        return trial

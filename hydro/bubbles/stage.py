@@ -1,0 +1,150 @@
+"""A reference 1F1B pipeline stage over ``torch.distributed`` point-to-point (gloo on CPU, NCCL on GPU).
+
+Why our own schedule: ``torch.distributed.pipelining``'s schedules run a whole iteration inside one call
+and wait for their peers internally, so a caller cannot see where a stage idles; here every wait for an
+activation or a gradient is bracketed by ``BubbleListener.bubble_started/ended``. The stage is a plain
+object over an initialised process group; :mod:`hydro.bubbles.job` places stages in Ray actors.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from hydro.planning import free_memory_bytes
+
+from .hooks import BubbleListener
+from .schedule import Interval, one_f_one_b, simulate
+
+
+@dataclass
+class PipelineSpec:
+    """The main job: an MLP ``in_features -> width x depth -> classes`` split evenly into stages, trained
+    with SGD on synthetic batches of ``microbatches x microbatch_size`` samples (seeded per iteration)."""
+
+    width: int = 256
+    depth: int = 8
+    in_features: int = 64
+    classes: int = 10
+    microbatches: int = 4
+    microbatch_size: int = 32
+    lr: float = 0.01
+    seed: int = 0
+
+    def full_model(self) -> nn.Sequential:
+        """The unsplit model (the same initial weights as the stages')."""
+        torch.manual_seed(self.seed)
+        sizes = [self.in_features] + [self.width] * self.depth + [self.classes]
+        layers: list[nn.Module] = []
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Linear(fan_in, fan_out))
+            if i < len(sizes) - 2:
+                layers.append(nn.ReLU())
+        return nn.Sequential(*layers)
+
+    def stage_model(self, stage: int, num_stages: int) -> nn.Sequential:
+        layers = list(self.full_model())
+        linear_positions = [i for i, m in enumerate(layers) if isinstance(m, nn.Linear)]
+        per_stage = -(-len(linear_positions) // num_stages)
+        chunks = [linear_positions[i * per_stage] for i in range(num_stages)] + [len(layers)]
+        return nn.Sequential(*layers[chunks[stage]: chunks[stage + 1]])
+
+    def batch(self, iteration: int) -> tuple[Tensor, Tensor]:
+        """``x`` ``[M, mb, in_features]`` and ``y`` ``[M, mb]`` of one iteration."""
+        g = torch.Generator().manual_seed(self.seed * 7919 + iteration)
+        x = torch.randn(self.microbatches, self.microbatch_size, self.in_features, generator=g)
+        return x, torch.randint(0, self.classes, (self.microbatches, self.microbatch_size), generator=g)
+
+
+class PipelineStage:
+    """Stage ``stage`` of ``num_stages``: runs 1F1B iterations and reports its operations and bubbles."""
+
+    def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, listener: BubbleListener,
+                 device: torch.device | str = "cpu") -> None:
+        self.spec, self.stage, self.num_stages, self.listener = spec, stage, num_stages, listener
+        self.device = torch.device(device)
+        self.model = spec.stage_model(stage, num_stages).to(self.device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=spec.lr)
+        self.schedule = one_f_one_b(num_stages, spec.microbatches)[stage]
+        self.predicted_wait = [0.0] * len(self.schedule)  # seconds idle before each operation
+        self.iteration = 0
+        self.timeline: list[Interval] = []
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    def run_iteration(self) -> float:
+        """One training iteration (all microbatches, then the optimizer step); returns its loss (last stage)."""
+        x, y = self.spec.batch(self.iteration)
+        mb, width = self.spec.microbatch_size, self.spec.width
+        stash: dict[int, tuple[Tensor | None, Tensor]] = {}
+        sends, loss_total = [], 0.0
+        for index, op in enumerate(self.schedule):
+            if op.kind == "F":
+                if self.first:
+                    inputs = x[op.microbatch].to(self.device)
+                else:
+                    inputs = self._receive((mb, width), self.stage - 1, index).requires_grad_()
+                start = time.time()
+                out = self.model(inputs)
+                if self.last:
+                    out = nn.functional.cross_entropy(out, y[op.microbatch].to(self.device)) / self.spec.microbatches
+                    loss_total += float(out.detach())
+                else:
+                    sends.append(dist.isend(out.detach().contiguous(), self.stage + 1))
+                stash[op.microbatch] = (None if self.first else inputs, out)
+            else:
+                inputs, out = stash.pop(op.microbatch)
+                grad = None if self.last else self._receive(tuple(out.shape), self.stage + 1, index)
+                start = time.time()
+                out.backward(grad)
+                if not self.first:
+                    sends.append(dist.isend(inputs.grad.contiguous(), self.stage - 1))
+            self.timeline.append(Interval(self.stage, start, time.time(), f"{op.kind}{op.microbatch}"))
+        for work in sends:
+            work.wait()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.iteration += 1
+        return loss_total
+
+    def _receive(self, shape: tuple[int, ...], source: int, index: int) -> Tensor:
+        buffer = torch.empty(shape, device=self.device)
+        work = dist.irecv(buffer, source)
+        self.listener.bubble_started(self.stage, self.predicted_wait[index], free_memory_bytes(self.device))
+        work.wait()
+        self.listener.bubble_ended(self.stage)
+        return buffer
+
+    def profile(self, iterations: int = 2) -> tuple[float, float]:
+        """Run ``iterations`` and share every stage's mean forward/backward time (s) with all stages; set
+        the predicted idle time before each of this stage's operations from the simulated 1F1B timeline."""
+        self.timeline.clear()
+        for _ in range(iterations):
+            self.run_iteration()
+        mine = torch.tensor([_mean(self.timeline, "F"), _mean(self.timeline, "B")], dtype=torch.float64)
+        everyone = [torch.zeros(2, dtype=torch.float64) for _ in range(self.num_stages)]
+        dist.all_gather(everyone, mine)
+        forward, backward = [float(t[0]) for t in everyone], [float(t[1]) for t in everyone]
+        ops, bubbles = simulate(one_f_one_b(self.num_stages, self.spec.microbatches), forward, backward)
+        own = [o for o in ops if o.stage == self.stage]
+        previous_end = [0.0] + [o.end for o in own[:-1]]
+        self.predicted_wait = [o.start - end for o, end in zip(own, previous_end)]
+        # The first wait of an iteration also covers the tail of the previous one (no barrier between them).
+        self.predicted_wait[0] += sum(b.length for b in bubbles if b.stage == self.stage and b.end >= max(
+            o.end for o in ops) - 1e-12)
+        self.timeline.clear()
+        return mine[0].item(), mine[1].item()
+
+
+def _mean(timeline: list[Interval], kind: str) -> float:
+    times = [i.length for i in timeline if i.label.startswith(kind)]
+    return sum(times) / len(times)
