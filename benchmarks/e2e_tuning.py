@@ -1,6 +1,6 @@
 """End-to-end tuning: stock Ray Tune vs Hydro on the same member configurations.
 
-N configurations of SGD (lr, momentum, weight decay) for a 64-512-512-10 MLP on scikit-learn's digits are
+N configurations of SGD (lr, momentum, weight decay) for a 64-1024-1024-10 MLP on scikit-learn's digits are
 drawn once (random search, fixed seed) and tuned by
   (a) stock Ray Tune: one full-size, unfused trial per configuration (BasicVariantGenerator replaying them);
   (b) Hydro, fusion only (S=1): HydroSearcher with the same configurations in fused trials;
@@ -8,9 +8,10 @@ drawn once (random search, fixed seed) and tuned by
   (d) Hydro with Optuna TPE as the inner searcher (N suggestions of its own; S=8 when available, else 1).
 All runs allow the same number of concurrent trials (``--concurrency``, default 2 = the cores). Each run's
 best configuration is then trained at full size with one fixed seed (the "target"), and its validation
-accuracy reported. Prints a table and writes JSON to ``benchmarks/results/e2e_tuning.json``.
+accuracy reported (for Hydro runs this repeats the run's own target trial: ``in_run_best`` is the
+same number). Prints a table and writes JSON to ``benchmarks/results/e2e_tuning.json``.
 
-    python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 6] [--scheduler none|asha]
+    python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 15] [--hidden 1024] [--scheduler none|asha]
 """
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ import hydro
 from hydro.tune import TuneSpec, best_configuration, trainable
 from hydro.tune.epoch import evaluate, train_epoch
 from hydro.tune.examples import digits_mlp
-from hydro.tune.members import LoopedMembers
+from hydro.tune.members import build_members
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.run import asha, fit, optuna_tpe
+from hydro.tune.searcher import TARGET_MEMBER_ID
 from hydro.tune.trial_config import plan_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,16 +45,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--hidden", type=int, default=1024, help="hidden width of the full-size MLP")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--scheduler", choices=["none", "asha"], default="none")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="16 configurations, 3 epochs")
+    parser.add_argument("--quick", action="store_true", help="16 configurations, 3 epochs, width 256")
     parser.add_argument("--storage", default="/tmp/hydro_e2e")
     args = parser.parse_args()
     if args.quick:
-        args.samples, args.epochs = 16, 3
-    spec, space = digits_mlp(epochs=args.epochs)
+        args.samples, args.epochs, args.hidden = 16, 3, 256
+    spec, space = digits_mlp(epochs=args.epochs, hidden=args.hidden)
     drawn = RandomSearch(space, seed=args.seed)
     configs = [drawn.suggest(str(i)) for i in range(args.samples)]
     ray.init(num_cpus=args.concurrency, include_dashboard=False,
@@ -60,25 +63,25 @@ def main() -> int:
     scheduler = (lambda: asha(spec)) if args.scheduler == "asha" else (lambda: None)
     hydro_options = dict(num_samples=args.samples, storage_path=args.storage, seed=args.seed, verbose=0,
                          max_concurrent_trials=args.concurrency)
-    runs = [("(a) stock Ray Tune, full size, unfused", lambda: stock(spec, space, configs, args, scheduler())),
-            ("(b) Hydro fusion only (S=1)", lambda: hydro_run(spec, space, 1, None, scheduler(), hydro_options,
-                                                              args, "b", configs))]
+    runs = [("(a) stock Ray Tune, full size, unfused", 1, lambda: stock(spec, space, configs, args, scheduler())),
+            ("(b) Hydro fusion only (S=1)", 1, lambda: hydro_run(spec, space, 1, None, scheduler(), hydro_options,
+                                                                 args, "b", configs))]
     if hasattr(hydro, "shrink"):
-        runs.append(("(c) Hydro S=8 + fusion", lambda: hydro_run(spec, space, 8, None, scheduler(), hydro_options,
-                                                                 args, "c", configs)))
+        runs.append(("(c) Hydro S=8 + fusion", 8, lambda: hydro_run(spec, space, 8, None, scheduler(),
+                                                                    hydro_options, args, "c", configs)))
     else:
         print("(c) skipped: hydro.shrink (the Model Shrinker) is not in this installation; S=8 needs it")
     tpe_scale = 8 if hasattr(hydro, "shrink") else 1
-    runs.append((f"(d) Hydro + Optuna TPE (S={tpe_scale})",
+    runs.append((f"(d) Hydro + Optuna TPE (S={tpe_scale})", tpe_scale,
                  lambda: hydro_run(spec, space, tpe_scale, optuna_tpe(args.seed), scheduler(), hydro_options,
                                    args, "d")))
     rows = []
-    for name, run in runs:
+    for name, scale, run in runs:
         print(f"\n=== {name}", flush=True)
         start = time.perf_counter()
         best_config, in_run = run()
         wall = time.perf_counter() - start
-        target = train_full_size(spec, best_config)
+        target = train_full_size(spec, best_config, mup=scale > 1)
         rows.append({"run": name, "wall_s": wall, "best_config": best_config, "in_run_best": in_run,
                      "target_" + spec.metric: target[spec.metric]})
         print(f"{name}: {wall:.0f} s, best {best_config}, target {spec.metric} {target[spec.metric]:.4f}", flush=True)
@@ -116,10 +119,11 @@ def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, opti
     return best["config"], best["value"]
 
 
-def train_full_size(spec: TuneSpec, config: dict) -> dict[str, float]:
-    """The full-size target trained with ``config`` (fixed seed, the same procedure for every run)."""
+def train_full_size(spec: TuneSpec, config: dict, mup: bool) -> dict[str, float]:
+    """The full-size target trained with ``config`` as Hydro's target trial trains it (fixed seed): in µP
+    (``hydro.shrink(model, 1)``) after a shrunk run, as written otherwise."""
     train, val = spec.load_data()
-    target = LoopedMembers(spec, [config], ["target"], 1)
+    target, _ = build_members(spec, [config], [TARGET_MEMBER_ID], 1, fuse=mup, mup=mup)
     rng = torch.Generator().manual_seed(spec.seed)
     for _ in range(spec.epochs):
         train_epoch(target, train, spec.batch_size_of(config), spec.loss, rng)
@@ -133,13 +137,14 @@ def report(rows: list[dict], spec: TuneSpec, args) -> None:
     print(f"\nN={args.samples} configurations, {args.epochs} epochs, scheduler={args.scheduler}, "
           f"concurrency={args.concurrency}, {os.cpu_count()} CPUs (load average at the end: "
           f"{os.getloadavg()[0]:.1f})\n")
-    print(f"{'run':<42} {'wall s':>8} {'speed-up':>9} {metric:>16} {'rel. to (a)':>11}  best configuration")
+    print(f"{'run':<42} {'wall s':>7} {'speed-up':>9} {'in-run best':>11} {metric:>15} {'rel. to (a)':>11}  "
+          f"best configuration")
     for row in rows:
         row["speedup_vs_a"] = base["wall_s"] / row["wall_s"]
         row["relative_to_a"] = (row[metric] - base[metric]) / abs(base[metric])
         config = ", ".join(f"{k}={v:.3g}" for k, v in row["best_config"].items())
-        print(f"{row['run']:<42} {row['wall_s']:8.0f} {row['speedup_vs_a']:8.2f}x {row[metric]:16.4f} "
-              f"{row['relative_to_a']:+10.2%}  {config}")
+        print(f"{row['run']:<42} {row['wall_s']:7.0f} {row['speedup_vs_a']:8.2f}x {row['in_run_best']:11.4f} "
+              f"{row[metric]:15.4f} {row['relative_to_a']:+10.2%}  {config}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "e2e_tuning.json"
     out.write_text(json.dumps({"args": vars(args), "python": sys.version.split()[0], "torch": torch.__version__,

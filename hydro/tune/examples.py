@@ -1,6 +1,7 @@
 """Bundled offline workloads for ``hydro tune --example``: each a ``TuneSpec`` and a Ray Tune search space."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -37,8 +38,8 @@ def _text():
     return train, val
 
 
-def _mlp(config):
-    return MLP((64, 512, 512, 10))
+def _mlp(hidden: int, config):
+    return MLP((64, hidden, hidden, 10))
 
 
 def _cnn(config):
@@ -49,9 +50,10 @@ def _char_lm(config):
     return CharTransformerLM(vocab_size=128, d_model=64, nhead=4, num_layers=2, dim_feedforward=256, max_len=32)
 
 
-def digits_mlp(epochs: int = 10) -> tuple[TuneSpec, dict]:
-    """A 64-512-512-10 MLP on scikit-learn's digits, SGD (lr, momentum, weight decay); validation accuracy."""
-    spec = TuneSpec(model=_mlp, data=_digits_flat, loss=nn.CrossEntropyLoss(), optimizer=_sgd, metric="val_acc",
+def digits_mlp(epochs: int = 10, hidden: int = 512) -> tuple[TuneSpec, dict]:
+    """A 64-hidden-hidden-10 MLP on scikit-learn's digits, SGD (lr, momentum, weight decay); validation
+    accuracy."""
+    spec = TuneSpec(model=functools.partial(_mlp, hidden), data=_digits_flat, loss=nn.CrossEntropyLoss(), optimizer=_sgd, metric="val_acc",
                     mode="max", metrics={"val_acc": accuracy}, epochs=epochs, batch_size=64)
     return spec, dict(_SGD_SPACE)
 

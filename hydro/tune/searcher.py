@@ -4,7 +4,8 @@ Each Ray trial is one fused group of up to F members (configurations). Members a
 searcher under their own ids and grouped by ``TuneSpec.group_key`` (batch size and architecture-changing
 values); every member's results go back to the inner searcher as its own observation. Once
 ``transfer_fraction`` of the members have finished (and at the end at the latest), one more trial trains
-the full-size target with the best member's configuration; the run's best result is the target's.
+the full-size target with the best member's configuration (in µP when the members were shrunk, so their
+hyperparameters transfer); the run's best result is the target's.
 """
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ class HydroSearcher(Searcher):
             return self._start_target(trial_id)
         members = self._next_group()
         if members:
-            return self._start_trial(trial_id, TrialPlan(SURROGATE, members, self.scale, self._service_name_or_none(),
+            return self._start_trial(trial_id, TrialPlan(SURROGATE, members, self.scale, self.scale > 1,
+                                                         self._service_name_or_none(),
                                                          reports_objective=self.transfer_fraction is None))
         if self._exhausted() and (self.transfer_fraction is None or self._target_trial is not None
                                   or not self._running_members()):
@@ -205,8 +207,9 @@ class HydroSearcher(Searcher):
         if key not in self._fusion_by_key:
             train, _ = self.spec.load_data()
             size = self.spec.batch_size_of(config)
-            plan = plan_fusion(lambda: build_member(self.spec.model, config, self.scale), (train[0][:size], train[1][:size]),
-                               self.spec.loss, max_members=min(self.max_fusion, self.num_samples))
+            plan = plan_fusion(lambda: build_member(self.spec.model, config, self.scale),
+                               (train[0][:size], train[1][:size]), self.spec.loss,
+                               max_members=min(self.max_fusion, self.num_samples))
             print(f"hydro: plan_fusion for group {key}: F={plan.num_members} ({plan.reason})")
             self._fusion_by_key[key] = plan.num_members
         return self._fusion_by_key[key]
@@ -236,7 +239,7 @@ class HydroSearcher(Searcher):
         self._trials[trial_id] = [TARGET_MEMBER_ID]
         source = {"member": member, **{k: v for k, v in self._done[member].items() if k == self.spec.metric}}
         print(f"hydro: training the full-size target with member {member}'s configuration {config}")
-        plan = TrialPlan(TARGET, [(TARGET_MEMBER_ID, config)], scale=1, source=source)
+        plan = TrialPlan(TARGET, [(TARGET_MEMBER_ID, config)], scale=1, mup=self.scale > 1, source=source)
         return {**plan.to_config(), **config}
 
     def _observe(self, trial_id: str, result: Mapping) -> None:

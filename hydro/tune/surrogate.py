@@ -1,4 +1,4 @@
-"""The one place that builds a member model: the user's full-size model, or its µP surrogate (Model Shrinker)."""
+"""The one place that builds a member model: the user's full-size model, or its µP version (Model Shrinker)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -6,13 +6,17 @@ from collections.abc import Callable, Mapping
 from torch import nn
 
 
-def build_member(model_factory: Callable[[Mapping], nn.Module], config: Mapping, scale: int) -> nn.Module:
-    """``model_factory(config)`` for ``scale == 1``; its widths divided by ``scale`` (µP, via ``hydro.shrink``)
-    otherwise."""
+def build_member(model_factory: Callable[[Mapping], nn.Module], config: Mapping, scale: int,
+                 mup: bool | None = None) -> nn.Module:
+    """``model_factory(config)`` as written (``scale == 1``, no µP), or in µP with its widths divided by
+    ``scale`` via ``hydro.shrink``. ``mup`` defaults to ``scale > 1``; ``scale=1, mup=True`` is the full-size
+    target of a surrogate run (µP, so the surrogates' hyperparameters transfer)."""
     if scale < 1:
         raise ValueError(f"scale must be >= 1 (1 = full size), got {scale}")
     model = model_factory(config)
-    if scale == 1:
+    if not (scale > 1 if mup is None else mup):
+        if scale != 1:
+            raise ValueError(f"scale={scale} shrinks the model, which needs µP (mup=True)")
         return model
     import hydro
 
@@ -20,4 +24,4 @@ def build_member(model_factory: Callable[[Mapping], nn.Module], config: Mapping,
     if shrink is None:
         raise RuntimeError(f"scale={scale} needs the Model Shrinker (hydro.shrink), which this installation of "
                            "Hydro does not have; use scale=1 (fusion only)")
-    return shrink(model, scale=scale)
+    return shrink(model, scale)

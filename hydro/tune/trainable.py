@@ -3,7 +3,8 @@
 Surrogate trials (from a ``HydroSearcher``) train their members fused and shrunk; after each epoch the
 run's member-decision service says which members stop, and those are sliced out with their state
 (``hydro.keep_members``). Target and plain trials train one full-size model with the user's own torch
-optimizer. Every epoch ends with a checkpoint: member weights, optimizer state, surviving member ids,
+optimizer, except the target of a shrunk (µP) run: ``hydro.shrink(model, 1)`` with the translated
+``hydro.optim`` optimizer, which applies the µP multipliers. Every epoch ends with a checkpoint: member weights, optimizer state, surviving member ids,
 stopped members, epoch and RNG states, so a retried or restored trial resumes where it was.
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ def run_trial(spec: TuneSpec, config: dict) -> None:
     batch_size = spec.batch_size_of(plan.members[0][1])
     state = _restored_state()
     alive = state["member_ids"] if state else list(configs)
-    members, fallback = build_members(spec, [configs[m] for m in alive], alive, plan.scale, fuse=plan.fused)
+    members, fallback = build_members(spec, [configs[m] for m in alive], alive, plan.scale, fuse=plan.fused,
+                                      mup=plan.mup)
     if fallback:
         print(f"hydro: training {len(alive)} members unfused (fallback_unfused): {fallback}")
     data_rng = torch.Generator().manual_seed(spec.seed)

@@ -16,13 +16,15 @@ PLAIN_MEMBER_ID = "trial"
 @dataclass
 class TrialPlan:
     """``kind``: surrogate (fused members), target (the best member's config at full size) or plain.
-    ``members``: ``[(member id, config)]``; ``scale``: width divisor; ``decisions``: name of the per-member
+    ``members``: ``[(member id, config)]``; ``scale``: width divisor; ``mup``: build the models in µP
+    (surrogates with ``scale > 1`` and the target of such a run); ``decisions``: name of the per-member
     stopping service, if any; ``reports_objective``: whether the trial-level objective is the best member's
     value (False for surrogates of a run with a target: the run's best result is then the target's)."""
 
     kind: str
     members: list[tuple[str, dict]]
     scale: int = 1
+    mup: bool = False
     decisions: str | None = None
     reports_objective: bool = True
     source: dict = field(default_factory=dict)
@@ -41,5 +43,5 @@ def plan_of(config: Mapping) -> TrialPlan:
     if entry is None:
         return TrialPlan(PLAIN, [(PLAIN_MEMBER_ID, dict(config))])
     members = [(m["id"], dict(m["config"])) for m in entry["members"]]
-    return TrialPlan(entry["kind"], members, entry["scale"], entry["decisions"], entry["reports_objective"],
-                     dict(entry.get("source", {})))
+    return TrialPlan(entry["kind"], members, entry["scale"], entry["mup"], entry["decisions"],
+                     entry["reports_objective"], dict(entry.get("source", {})))

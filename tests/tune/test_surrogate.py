@@ -16,6 +16,8 @@ def test_scale_one_is_the_users_model_and_bad_scales_fail():
     assert type(model) is MLP and sum(p.numel() for p in model.parameters()) == 64 * 256 + 256 * 256 + 2570 + 512
     with pytest.raises(ValueError, match="scale must be >= 1"):
         build_member(factory, {}, 0)
+    with pytest.raises(ValueError, match="needs µP"):
+        build_member(factory, {}, 8, mup=False)
 
 
 @pytest.mark.skipif(hasattr(hydro, "shrink"), reason="hydro.shrink is present")
@@ -31,3 +33,7 @@ def test_scale_eight_builds_a_narrower_fusable_surrogate():
     assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in full.parameters()) / 8
     fused = hydro.fuse([build_member(factory, {}, 8) for _ in range(3)])
     assert fused(torch.randn(5, 64)).shape == (3, 5, 10)
+    target = build_member(factory, {}, 1, mup=True)  # the full-size target of a shrunk run: µP at width 1x
+    assert [p.shape for p in target.parameters()] == [p.shape for p in full.parameters()]
+    assert all(hasattr(p, "hydro_mup") for p in target.parameters())
+    assert not any(hasattr(p, "hydro_mup") for p in full.parameters())

@@ -11,6 +11,8 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+import hydro
+from hydro.examples.models import MLP
 from hydro.tune import HydroSearcher, best_configuration, member_table, trainable
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, write_results
@@ -87,6 +89,19 @@ def test_tune_run_with_random_search_and_no_target(ray_cluster, tmp_path):
         ids = [m["id"] for m in trial.config["hydro"]["members"]]
         assert last["val_acc"] == max(last["members"][m]["val_acc"] for m in ids)
         assert all(last["members"][m]["epoch"] == 2 for m in ids)
+
+
+@pytest.mark.skipif(not hasattr(hydro, "shrink"), reason="needs the Model Shrinker (hydro.shrink)")
+def test_shrunk_members_transfer_to_a_mup_target(ray_cluster, tmp_path):
+    workload = spec(epochs=2, model=lambda config: MLP((64, 64, 64, 10)))
+    searcher = HydroSearcher(workload, num_samples=4, fusion=4, scale=8, seed=0)
+    results = tuner(workload, searcher, tmp_path, "shrunk").fit()
+    assert not results.errors
+    plans = {r.metrics["hydro_kind"]: r.config["hydro"] for r in results}
+    assert plans["surrogate"]["scale"] == 8 and plans["surrogate"]["mup"]
+    assert plans["target"]["scale"] == 1 and plans["target"]["mup"]
+    assert results.get_best_result().metrics["hydro_kind"] == "target"
+    assert len(surrogates(member_table(results, workload))) == 4
 
 
 class InterruptOnce(tune.Callback):
