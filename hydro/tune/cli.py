@@ -33,8 +33,8 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--epochs", type=int, help="epochs per member (default: the workload's)")
     parser.add_argument("--transfer-fraction", type=float, default=1.0,
                         help="fraction of members finished before the full-size target trains")
-    parser.add_argument("--address", help="Ray cluster address ('auto' or host:port); default: the cluster of a "
-                                          "'ray job submit' job, else an embedded local cluster")
+    parser.add_argument("--address", help="Ray cluster address ('auto' or host:port); default: $RAY_ADDRESS "
+                                          "(set inside 'ray job submit'), else an embedded local cluster")
     parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
@@ -72,11 +72,10 @@ def run(args: argparse.Namespace) -> int:
     spec, space = EXAMPLES[args.example]() if args.example else load_workload(args.workload)
     if args.epochs:
         spec.epochs = args.epochs
-    if args.address:
+    if args.address or os.environ.get("RAY_ADDRESS"):  # e.g. inside `ray job submit`: the job's cluster
         ray.init(address=args.address)
-    elif not ray.is_initialized():
-        # Inside `ray job submit` this joins the job's cluster; otherwise it starts an embedded local one.
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([PACKAGE_ROOT, *sys.path[:1]])}})
+    elif not ray.is_initialized():  # an embedded local cluster whose workers import this checkout of Hydro
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": PACKAGE_ROOT}})
     fusion = args.fusion if args.fusion == "auto" else int(args.fusion)
     start = time.perf_counter()
     results, _ = fit(spec, space, num_samples=args.samples, scale=args.scale, fusion=fusion,

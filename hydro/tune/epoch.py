@@ -8,7 +8,7 @@ from torch import Tensor
 
 from hydro.loss import trial_losses
 from hydro.tune.members import Members
-from hydro.tune.spec import TRAIN_LOSS, VAL_LOSS, Batch, MetricFn
+from hydro.tune.spec import VAL_LOSS, Batch, MetricFn
 
 
 def train_epoch(members: Members, train: Batch, batch_size: int, loss_fn: Callable, generator: torch.Generator
@@ -45,7 +45,3 @@ def evaluate(members: Members, val: Batch, batch_size: int, loss_fn: Callable, m
             sums[name] = sums.get(name, 0) + value.double() * len(index)
     return {name: total / len(y) for name, total in sums.items()}
 
-
-def member_metrics(train_loss: Tensor, evaluated: Mapping[str, Tensor], position: int) -> dict[str, float]:
-    """Member ``position``'s metrics of one epoch as plain floats."""
-    return {TRAIN_LOSS: float(train_loss[position]), **{k: float(v[position]) for k, v in evaluated.items()}}

@@ -9,7 +9,7 @@ import pandas as pd
 from ray.tune import ResultGrid
 
 from hydro.tune.spec import TuneSpec
-from hydro.tune.trainable import MEMBERS_KEY
+from hydro.tune.session import MEMBERS_KEY
 from hydro.tune.trial_config import PLAIN, SURROGATE, plan_of
 
 MEMBER_TABLE_FILE, BEST_FILE = "hydro_members.csv", "hydro_best.json"

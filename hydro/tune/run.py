@@ -26,6 +26,11 @@ def optuna_tpe(seed: int = 0) -> Searcher:
     return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed))
 
 
+def trial_dirname(trial) -> str:
+    """Short trial directory names (the default spells out every member's configuration)."""
+    return f"{trial.trainable_name}_{trial.trial_id}"
+
+
 def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, fusion: int | str = "auto",
         max_fusion: int = 64, scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
@@ -41,7 +46,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     tuner = tune.Tuner(
         trainable(spec), param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
-                                    reuse_actors=True, max_concurrent_trials=max_concurrent_trials),
+                                    reuse_actors=True, max_concurrent_trials=max_concurrent_trials,
+                                    trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=verbose,
                                   failure_config=tune.FailureConfig(max_failures=max_failures),
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),

@@ -25,11 +25,12 @@ from hydro.tune.decisions import start_service
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.spec import TuneSpec
 from hydro.tune.surrogate import build_member
-from hydro.tune.trainable import MEMBERS_KEY
+from hydro.tune.session import MEMBERS_KEY
 from hydro.tune.trial_config import SURROGATE, TARGET, TrialPlan
 from schedulers.member_stopping import MemberStopping
 
 TARGET_MEMBER_ID = "target"
+PLAN_STEPS = 10  # timed steps per fusion count: fewer make small surrogates' millisecond steps too noisy
 
 
 class HydroSearcher(Searcher):
@@ -209,7 +210,7 @@ class HydroSearcher(Searcher):
             size = self.spec.batch_size_of(config)
             plan = plan_fusion(lambda: build_member(self.spec.model, config, self.scale),
                                (train[0][:size], train[1][:size]), self.spec.loss,
-                               max_members=min(self.max_fusion, self.num_samples))
+                               max_members=min(self.max_fusion, self.num_samples), steps=PLAN_STEPS)
             print(f"hydro: plan_fusion for group {key}: F={plan.num_members} ({plan.reason})")
             self._fusion_by_key[key] = plan.num_members
         return self._fusion_by_key[key]

@@ -7,7 +7,6 @@ import signal
 from pathlib import Path
 
 import pytest
-import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
@@ -17,17 +16,6 @@ from hydro.tune import HydroSearcher, best_configuration, member_table, trainabl
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, write_results
 from tests.tune.workload import SPACE, spec
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    yield
-    ray.shutdown()
-
 
 def tuner(workload, searcher, path, name, callbacks=(), max_failures=0):
     return tune.Tuner(

@@ -1,13 +1,17 @@
-"""A tiny plain-torch workload for the tuner tests: a 64-16-10 MLP on a slice of scikit-learn's digits."""
+"""A tiny plain-torch workload for the tuner tests (a 64-16-10 MLP on a slice of scikit-learn's digits), and a
+custom training loop reporting through MemberSession."""
 from __future__ import annotations
 
 import torch
 from ray import tune
 from torch import nn
 
+import hydro
 from hydro.examples.data import digits
 from hydro.examples.models import MLP
-from hydro.tune import TuneSpec, accuracy
+from hydro.loss import trial_losses
+from hydro.optim import SGD
+from hydro.tune import MemberSession, TuneSpec, accuracy
 
 
 def small_digits():
@@ -30,3 +34,29 @@ def spec(epochs: int = 3, **overrides) -> TuneSpec:
 
 
 SPACE = {"lr": tune.loguniform(1e-3, 1.0), "momentum": tune.choice([0.0, 0.9])}
+
+
+EPOCHS = 3
+
+
+def custom_loop(config):
+    """A user's loop: their own fused model, optimizer and metric; Hydro only reports and stops members."""
+    session = MemberSession(config, metric="val_acc", mode="max")
+    (x, y), (vx, vy) = small_digits()
+    fused = hydro.fuse([mlp(c) for c in session.configs])
+    opt = SGD(fused.parameters(), lr=[c["lr"] for c in session.configs],
+                          momentum=[c["momentum"] for c in session.configs])
+    for epoch in range(1, EPOCHS + 1):
+        for index in torch.randperm(len(y)).split(32):
+            opt.zero_grad()
+            trial_losses(nn.functional.cross_entropy, fused(x[index]), y[index]).sum().backward()
+            opt.step()
+        with torch.no_grad():
+            acc = (fused(vx).argmax(-1) == vy).float().mean(1)  # [F]
+        before = len(session.member_ids)
+        keep = session.step(epoch, {"val_acc": acc}, final=epoch == EPOCHS)
+        if keep and len(keep) < before:
+            hydro.keep_members(fused, keep, optimizer=opt)
+        session.report()
+        if not keep:
+            return

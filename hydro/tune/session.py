@@ -1,0 +1,91 @@
+"""Per-member reporting inside a trial: the path for custom training loops, and what ``trainable`` uses.
+
+In a Ray Tune function trainable started by a ``HydroSearcher``::
+
+    session = MemberSession(config, metric="val_acc", mode="max")
+    ids, configs = session.member_ids, session.configs   # build and fuse your members from these
+    for epoch in range(1, epochs + 1):
+        ...                                               # train; evaluate each member: values [F]
+        keep = session.step(epoch, {"val_acc": acc}, final=epoch == epochs)
+        if len(keep) < len(ids):
+            hydro.keep_members(fused, keep, optimizer=opt)   # early-stopped members leave, with their state
+        session.report(checkpoint=...)                    # one tune.report with every member's results
+        if not keep:
+            break
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import ray
+import torch
+from ray import tune
+
+from hydro.tune.decisions import lookup_service
+from hydro.tune.trial_config import SURROGATE, TrialPlan, plan_of
+
+MEMBERS_KEY = "members"
+MEMBER_ONLY = ("done", "stopped", "epoch", "training_iteration")  # per-member bookkeeping, not trial metrics
+
+
+class MemberSession:
+    """The members of this trial (``member_ids``/``configs``, in fused order; ``scale``, ``mup`` from the
+    trial's plan), their early-stopping decisions and their per-member reports."""
+
+    def __init__(self, config: Mapping, metric: str, mode: str, member_ids: Sequence[str] | None = None) -> None:
+        self.plan: TrialPlan = plan_of(config)
+        self.metric, self.mode = metric, mode
+        self._configs = dict(self.plan.members)
+        self.member_ids = list(member_ids) if member_ids is not None else list(self._configs)
+        self._service = lookup_service(self.plan.decisions) if self.plan.decisions else None
+        self._pending: dict | None = None
+
+    @property
+    def configs(self) -> list[dict]:
+        return [self._configs[m] for m in self.member_ids]
+
+    @property
+    def scale(self) -> int:
+        return self.plan.scale
+
+    @property
+    def mup(self) -> bool:
+        return self.plan.mup
+
+    def step(self, epoch: int, metrics: Mapping[str, Sequence[float] | torch.Tensor], final: bool = False,
+             extra: Mapping | None = None) -> list[int]:
+        """Record each member's ``metrics`` (name -> ``[F]`` values in ``member_ids`` order) for ``epoch``, ask
+        which members stop, and return the positions of those that go on (none after the ``final`` epoch)."""
+        if self.metric not in metrics:
+            raise KeyError(f"the tuned metric {self.metric!r} is not among the reported metrics {sorted(metrics)}")
+        results = {m: {k: float(v[i]) for k, v in metrics.items()} for i, m in enumerate(self.member_ids)}
+        for result in results.values():
+            result.update(epoch=epoch, training_iteration=epoch)
+        stop = set(ray.get(self._service.decide.remote(epoch, results, final))) if self._service else set()
+        for member, result in results.items():
+            result.update(done=final or member in stop, stopped=member in stop)
+        keep = [] if final else [i for i, m in enumerate(self.member_ids) if m not in stop]
+        self._pending = self._trial_result(results, epoch, len(keep), dict(extra or {}))
+        self.member_ids = [self.member_ids[i] for i in keep]
+        return keep
+
+    def report(self, checkpoint: tune.Checkpoint | None = None) -> None:
+        """``tune.report`` the last ``step``'s results (with ``checkpoint``, taken after slicing)."""
+        if self._pending is None:
+            raise RuntimeError("MemberSession.report() needs a step() first")
+        tune.report(self._pending, checkpoint=checkpoint)
+        self._pending = None
+
+    def _trial_result(self, results: dict[str, dict], epoch: int, live: int, extra: dict) -> dict:
+        """Surrogates: per-member results under ``members/<id>/...``, the best member's objective as
+        ``best_member_<metric>``, and the objective itself only if the run has no target (else NaN, so
+        the run's best result is the target's). Target and plain trials: their metrics at the top level."""
+        report = {"epoch": epoch, "hydro_kind": self.plan.kind, "live_members": live, **extra}
+        if self.plan.kind != SURROGATE:
+            (result,) = results.values()
+            return {**report, **{k: v for k, v in result.items() if k not in MEMBER_ONLY}}
+        values = [r[self.metric] for r in results.values() if math.isfinite(r[self.metric])]
+        best = (max(values) if self.mode == "max" else min(values)) if values else math.nan
+        return {**report, MEMBERS_KEY: results, f"best_member_{self.metric}": best,
+                self.metric: best if self.plan.reports_objective else math.nan}
