@@ -54,8 +54,8 @@ def digits_mlp(epochs: int = 10, hidden: int = 512) -> tuple[TuneSpec, dict]:
     """A 64-hidden-hidden-10 MLP on scikit-learn's digits, SGD (lr, momentum, weight decay); validation
     accuracy."""
     spec = TuneSpec(model=functools.partial(_mlp, hidden), data=_digits_flat, loss=nn.CrossEntropyLoss(),
-                    optimizer=_sgd, metric="val_acc",
-                    mode="max", metrics={"val_acc": accuracy}, epochs=epochs, batch_size=64)
+                    optimizer=_sgd, metric="val_acc", mode="max", metrics={"val_acc": accuracy}, epochs=epochs,
+                    batch_size=64)
     return spec, dict(_SGD_SPACE)
 
 

@@ -29,8 +29,7 @@ def test_asha_rung_rule_per_member_and_idempotent_decisions():
 
 def test_median_rule_and_no_scheduler():
     median = MedianStoppingRule(time_attr="training_iteration", grace_period=1, min_samples_required=1)
-    stopping = MemberStopping(median,
-                              "val_acc", "min")
+    stopping = MemberStopping(median, "val_acc", "min")
     assert stopping.decide("a", 1, result(1, 1.0)) is False
     assert stopping.decide("b", 1, result(1, 3.0)) is True   # worse than the median of the others
     never = MemberStopping(None, "val_acc", "max")
