@@ -22,7 +22,6 @@ class MemberTrial:
     """What the wrapped schedulers read of a trial: its id (here a member id)."""
 
     trial_id: str
-    status: str = "RUNNING"
 
 
 class _NoController:

@@ -252,8 +252,9 @@ class HydroSearcher(Searcher):
                 member, _, name = key[len(prefix):].partition("/")
                 members.setdefault(member, {})[name] = value
         for member, values in members.items():
-            if member in self._done:
-                continue  # a retried trial reports epochs again: the first report stands
+            seen = self._last.get(member, {}).get("epoch", 0)
+            if member in self._done or (not values.get("done") and values.get("epoch", 0) <= seen):
+                continue  # a retried or restored trial reports epochs again: the first report stands
             self._last[member] = values
             if values.get("done"):
                 self._finish_member(member, values)

@@ -59,6 +59,7 @@ def test_groups_by_batch_size_and_architecture_and_feeds_members_back():
     for t, plan in trials.items():
         ids = [m for m, _ in plan.members]
         s.on_trial_result(t, member_result(ids, 1, acc))
+        s.on_trial_result(t, member_result(ids, 1, acc))  # a restored trial repeats an epoch
         s.on_trial_result(t, member_result(ids, 2, acc, done=True))
         s.on_trial_result(t, member_result(ids, 2, acc, done=True))  # a retried trial repeats an epoch
         s.on_trial_complete(t, member_result(ids, 2, acc, done=True))

@@ -106,9 +106,14 @@ class InterruptOnce(tune.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_restore_after_interrupted_run_finishes_every_member(ray_cluster, tmp_path):
+@pytest.mark.parametrize("inner", ["random", "optuna"])
+def test_restore_after_interrupted_run_finishes_every_member(ray_cluster, tmp_path, inner):
+    from optuna.samplers import TPESampler
+    from ray.tune.search.optuna import OptunaSearch
+
     workload = spec(epochs=3)
-    searcher = HydroSearcher(workload, num_samples=6, fusion=3, seed=0,
+    searcher = HydroSearcher(workload, OptunaSearch(sampler=TPESampler(seed=0)) if inner == "optuna" else None,
+                             num_samples=6, fusion=3, seed=0,
                              scheduler=ASHAScheduler(max_t=3, grace_period=1, reduction_factor=2))
     first = tuner(workload, searcher, tmp_path, "restore", [InterruptOnce(2, tmp_path / "fired")]).fit()
     assert "target" not in set(member_table(first, workload)["kind"])  # interrupted before the end
