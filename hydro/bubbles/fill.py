@@ -51,7 +51,7 @@ class FillTrial:
                              momentum=[c.get("momentum", 0.0) for c in spec.configs])
         self.loss_fn = nn.CrossEntropyLoss()
         self.completed_steps = 0
-        self.compute_s = 0.0  # time spent computing (inside bubbles when gated)
+        self.compute_s = 0.0  # CPU seconds spent computing (inside bubbles when gated)
         self.layer_cost: dict[str, float] = {}
         self._current: tuple[str, float] | None = None
         self._thread: threading.Thread | None = None
@@ -88,8 +88,12 @@ class FillTrial:
             first.register_hook(lambda grad: self._boundary(unit))
 
     def _boundary(self, unit: str | None) -> None:
-        """Close the timing of the unit that just ran; wait for room in a bubble for ``unit``."""
-        now = time.perf_counter()
+        """Close the timing of the unit that just ran; wait for room in a bubble for ``unit``.
+
+        Units are timed in this thread's CPU time: wall time would count the preemptions of this lowest-priority
+        thread as layer cost. (Stage processes run single-threaded kernels, so CPU time is the compute time.)
+        """
+        now = time.thread_time()
         if self._current is not None:
             name, start = self._current
             self.compute_s += now - start
@@ -101,7 +105,7 @@ class FillTrial:
             return
         if self.gate is not None:
             self.gate.wait_for(self.layer_cost.get(unit, 0.0))
-        self._current = (unit, time.perf_counter())
+        self._current = (unit, time.thread_time())
 
     def start(self, steps: int, cpus: set[int] | None = None) -> None:
         """Train ``steps`` more steps in a background thread at the lowest OS priority, on ``cpus`` if given

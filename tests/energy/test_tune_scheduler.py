@@ -1,9 +1,6 @@
 """EnergyScheduler on a local Ray cluster with simulated GPUs (V100 trace, CIFAR-100 workload)."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -14,16 +11,7 @@ from schedulers.energy.store import EnergyStore  # noqa: E402
 from schedulers.energy.traces import WORKLOADS  # noqa: E402
 from tests.energy.sim_trainable import train_on_trace  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 SIZES = [256, 512, 1024, 2048]  # 2048 needs > 100 epochs: never converges, must be stopped by the bound
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    yield
-    ray.shutdown()
 
 
 def _tune(tmp_path, zeus_traces, name, samples):
