@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 
 def trial_losses(loss_fn: Callable[..., Tensor], output: Tensor, target: Tensor, *,
@@ -19,8 +20,24 @@ def trial_losses(loss_fn: Callable[..., Tensor], output: Tensor, target: Tensor,
     ``target_fused=True``). ``loss_fn`` is any torch loss of one model (module or function) that reduces
     to a scalar, e.g. ``nn.CrossEntropyLoss()``.
     """
+    if isinstance(loss_fn, nn.CrossEntropyLoss) and loss_fn.reduction == "mean" and not target_fused \
+            and target.dtype == torch.long:
+        return _cross_entropy(loss_fn, output, target)
     losses = torch.vmap(loss_fn, in_dims=(0, 0 if target_fused else None), randomness="different")(output, target)
     if losses.dim() != 1:
         raise ValueError(f"loss_fn must reduce each member's loss to a scalar (reduction='mean' or 'sum'); it "
                          f"returned shape {tuple(losses.shape[1:])} per member")
     return losses
+
+
+def _cross_entropy(loss_fn: nn.CrossEntropyLoss, output: Tensor, target: Tensor) -> Tensor:
+    """``nn.CrossEntropyLoss`` per member in one call: output ``[F, N, C, *d]``, class targets ``[N, *d]``.
+    Each member's loss is its weighted mean over the non-ignored targets, exactly torch's 'mean' reduction."""
+    members = output.shape[0]
+    per_sample = F.cross_entropy(output.flatten(0, 1), target.repeat(members, *([1] * (target.dim() - 1))),
+                                 weight=loss_fn.weight, ignore_index=loss_fn.ignore_index, reduction="none",
+                                 label_smoothing=loss_fn.label_smoothing)
+    valid = target != loss_fn.ignore_index
+    weights = valid.to(output.dtype) if loss_fn.weight is None else \
+        torch.where(valid, loss_fn.weight[target.clamp_min(0)], 0).to(output.dtype)
+    return per_sample.view(members, -1).sum(dim=1) / weights.sum()

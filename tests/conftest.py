@@ -1,4 +1,3 @@
-"""Shared fixtures: a real local Ray cluster (2 CPUs) per test module, whose workers import this checkout."""
 import os
 from pathlib import Path
 
@@ -10,7 +9,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    """A local Ray cluster (2 CPUs, no dashboard) whose workers import this checkout."""
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    yield
+    yield ray
     ray.shutdown()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -51,9 +52,10 @@ class FillTrial:
                              momentum=[c.get("momentum", 0.0) for c in spec.configs])
         self.loss_fn = nn.CrossEntropyLoss()
         self.completed_steps = 0
-        self.compute_s = 0.0  # time spent computing (inside bubbles when gated)
+        self.compute_s = 0.0  # CPU seconds spent computing (inside bubbles when gated)
+        self.activity: deque[tuple[float, float]] = deque(maxlen=4096)  # recent (start, end) wall-clock units
         self.layer_cost: dict[str, float] = {}
-        self._current: tuple[str, float] | None = None
+        self._current: tuple[str, float, float] | None = None  # unit, CPU and wall-clock start
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         for name, module in self.model.named_modules():
@@ -88,11 +90,16 @@ class FillTrial:
             first.register_hook(lambda grad: self._boundary(unit))
 
     def _boundary(self, unit: str | None) -> None:
-        """Close the timing of the unit that just ran; wait for room in a bubble for ``unit``."""
-        now = time.perf_counter()
+        """Close the timing of the unit that just ran; wait for room in a bubble for ``unit``.
+
+        Units are timed in this thread's CPU time: wall time would count the preemptions of this lowest-priority
+        thread as layer cost. (Stage processes run single-threaded kernels, so CPU time is the compute time.)
+        """
+        now, wall = time.thread_time(), time.time()
         if self._current is not None:
-            name, start = self._current
+            name, start, wall_start = self._current
             self.compute_s += now - start
+            self.activity.append((wall_start, wall))
             if self.completed_steps > 0:  # the first step's times include one-off set-up: not representative
                 previous = self.layer_cost.get(name)
                 self.layer_cost[name] = now - start if previous is None else 0.7 * previous + 0.3 * (now - start)
@@ -101,7 +108,7 @@ class FillTrial:
             return
         if self.gate is not None:
             self.gate.wait_for(self.layer_cost.get(unit, 0.0))
-        self._current = (unit, time.perf_counter())
+        self._current = (unit, time.thread_time(), time.time())
 
     def start(self, steps: int, cpus: set[int] | None = None) -> None:
         """Train ``steps`` more steps in a background thread at the lowest OS priority, on ``cpus`` if given

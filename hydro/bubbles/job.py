@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from dataclasses import asdict
 
 import ray
@@ -54,14 +55,16 @@ class StageHost:
         self.recorder.bubbles.clear()
         fill_steps = None if self.fill is None else self.fill.completed_steps
         fill_compute = None if self.fill is None else self.fill.compute_s
+        started = time.time()
         losses = [self.stage.run_iteration() for _ in range(iterations)]
-        report = {"stage": self.stage.stage, "losses": losses,
+        report = {"stage": self.stage.stage, "losses": losses, "wall_s": time.time() - started,
                   "ops": [asdict(i) for i in self.stage.timeline],
                   "bubbles": [{**asdict(b), "length": b.length} for b in self.recorder.bubbles]}
         if self.fill is not None:
             report["fill_steps"] = self.fill.completed_steps - fill_steps
             report["fill_compute_s"] = self.fill.compute_s - fill_compute
             report["fill_members"] = self.fill.num_members
+            report["fill_activity"] = [a for a in self.fill.activity if a[0] >= started]
         return report
 
     def attach_fill(self, spec: FillSpec, mode: str = "gated", steps: int = 1_000_000,

@@ -117,11 +117,16 @@ class PipelineStage:
         return loss_total
 
     def _receive(self, shape: tuple[int, ...], source: int, index: int) -> Tensor:
+        """Wait for a tensor from ``source``: a bubble, announced with its predicted length, which is then
+        updated from the measured wait (the simulated 1F1B timeline is the prior)."""
         buffer = torch.empty(shape, device=self.device)
         work = dist.irecv(buffer, source)
         self.listener.bubble_started(self.stage, self.predicted_wait[index], free_memory_bytes(self.device))
+        start = time.perf_counter()
         work.wait()
+        waited = time.perf_counter() - start
         self.listener.bubble_ended(self.stage)
+        self.predicted_wait[index] = 0.5 * self.predicted_wait[index] + 0.5 * waited
         return buffer
 
     def profile(self, iterations: int = 2) -> tuple[float, float]:

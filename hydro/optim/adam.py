@@ -35,15 +35,18 @@ class Adam(FusedOptimizer):
         if (group["eps"] < 0).any() or (group["weight_decay"] < 0).any():
             raise ValueError("Adam: eps and weight_decay must be >= 0 for every member")
 
-    def _update(self, group: dict, params: list[Tensor]) -> None:
-        like, view = params[0], self.per_param
+    def _resolve_group(self, group: dict, like: Tensor) -> dict:
         lr_all = group["lr"] * group["lr_mult"]
         decay_all = group["weight_decay"] * group["wd_mult"]
-        decay = self.resolve(decay_all, like)
-        shrink = self.resolve(1 - lr_all * decay_all, like)  # decoupled decay factor
-        blend1 = self.resolve(1 - group["beta1"], like)
-        beta2, blend2 = self.resolve(group["beta2"], like), self.resolve(1 - group["beta2"], like)
-        eps = self.resolve(group["eps"], like)
+        return {"lr_all": lr_all, "decay": self.resolve(decay_all, like),
+                "shrink": self.resolve(1 - lr_all * decay_all, like),  # decoupled decay factor
+                "blend1": self.resolve(1 - group["beta1"], like), "beta2": self.resolve(group["beta2"], like),
+                "blend2": self.resolve(1 - group["beta2"], like), "eps": self.resolve(group["eps"], like)}
+
+    def _update(self, group: dict, params: list[Tensor]) -> None:
+        view, h = self.per_param, self.resolved(group, params[0])
+        lr_all, decay, shrink, blend1 = h["lr_all"], h["decay"], h["shrink"], h["blend1"]
+        beta2, blend2, eps = h["beta2"], h["blend2"], h["eps"]
         for p in params:
             grad = -p.grad if group["maximize"] else p.grad
             state = self.state[p]
@@ -67,8 +70,8 @@ class Adam(FusedOptimizer):
                 exp_avg_sq.addcmul_(grad, grad, value=blend2)
             else:
                 exp_avg_sq.addcmul_(grad, grad * view(blend2, p))
-            step_size = self.resolve(lr_all / (1 - group["beta1"] ** step), like)
-            bias_correction2_sqrt = self.resolve((1 - group["beta2"] ** step).sqrt(), like)
+            step_size = self.resolve(lr_all / (1 - group["beta1"] ** step), p)
+            bias_correction2_sqrt = self.resolve((1 - group["beta2"] ** step).sqrt(), p)
             if group["amsgrad"]:
                 torch.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
                 exp_avg_sq = state["max_exp_avg_sq"]

@@ -36,6 +36,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable, defaults: dict) -> None:
         self.num_members: int | None = None
+        self._resolved: dict[int, tuple] = {}
         super().__init__(params, {"lr_mult": 1.0, "wd_mult": 1.0, **defaults})
 
     def add_param_group(self, param_group: dict) -> None:
@@ -81,6 +82,19 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _update(self, group: dict, params: list[Tensor]) -> None:
         """Apply one step to ``params`` (those of ``group`` that have gradients)."""
+        raise NotImplementedError
+
+    def resolved(self, group: dict, like: Tensor) -> dict[str, float | Tensor]:
+        """The group's per-member values (see :meth:`resolve`) for ``like``'s dtype and device, cached until
+        the group's hyperparameter tensors or multipliers are replaced (LR schedulers, slicing)."""
+        key = (*(id(group[n]) for n in self.per_member), group["lr_mult"], group["wd_mult"], like.dtype, like.device)
+        cached = self._resolved.get(id(group))
+        if cached is None or cached[0] != key:
+            cached = self._resolved[id(group)] = (key, self._resolve_group(group, like))
+        return cached[1]
+
+    def _resolve_group(self, group: dict, like: Tensor) -> dict[str, float | Tensor]:
+        """The values ``_update`` needs, each resolved with :meth:`resolve`."""
         raise NotImplementedError
 
     @staticmethod

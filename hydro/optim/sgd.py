@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hydro.nn.base import member_view
 from .base import FusedOptimizer
 
 
@@ -26,13 +25,18 @@ class SGD(FusedOptimizer):
         if group["nesterov"] and ((group["momentum"] <= 0).any() or (group["dampening"] != 0).any()):
             raise ValueError("SGD: Nesterov momentum requires momentum > 0 and dampening = 0 for every member")
 
+    def _resolve_group(self, group: dict, like: Tensor) -> dict:
+        return {"neg_lr": self.resolve(-group["lr"] * group["lr_mult"], like),
+                "decay": self.resolve(group["weight_decay"] * group["wd_mult"], like),
+                "momentum": self.resolve(group["momentum"], like),
+                "damping": self.resolve(1 - group["dampening"], like),
+                "some_momentum": bool(group["momentum"].any()), "all_momentum": bool(group["momentum"].all()),
+                "has_momentum": (group["momentum"] != 0).to(like.device)}
+
     def _update(self, group: dict, params: list[Tensor]) -> None:
-        like, view = params[0], self.per_param
-        neg_lr = self.resolve(-group["lr"] * group["lr_mult"], like)
-        decay = self.resolve(group["weight_decay"] * group["wd_mult"], like)
-        momentum = self.resolve(group["momentum"], like)
-        damping = self.resolve(1 - group["dampening"], like)
-        some_momentum, all_momentum = bool(group["momentum"].any()), bool(group["momentum"].all())
+        view, h = self.per_param, self.resolved(group, params[0])
+        neg_lr, decay, momentum, damping = h["neg_lr"], h["decay"], h["momentum"], h["damping"]
+        some_momentum, all_momentum = h["some_momentum"], h["all_momentum"]
         for p in params:
             grad = -p.grad if group["maximize"] else p.grad
             if isinstance(decay, Tensor) or decay != 0.0:
@@ -46,8 +50,7 @@ class SGD(FusedOptimizer):
                     self.add_scaled(buf.mul_(view(momentum, p)), grad, damping, inplace=True)
                 direction = self.add_scaled(grad, buf, momentum) if group["nesterov"] else buf
                 if not all_momentum:  # members without momentum step along the plain gradient
-                    direction = torch.where(member_view(group["momentum"] != 0, p.dim() - 1).to(p.device),
-                                            direction, grad)
+                    direction = torch.where(h["has_momentum"].view(-1, *([1] * (p.dim() - 1))), direction, grad)
             else:
                 direction = grad
             self.add_scaled(p, direction, neg_lr, inplace=True)

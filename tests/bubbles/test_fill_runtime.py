@@ -91,7 +91,9 @@ def test_stopping_mid_step_keeps_every_completed_step_and_resumes_exactly():
     gate = BubbleGate()
     trial = FillTrial(SPEC, gate)
     trial.start(100)
-    while trial.completed_steps < 3:
+    for _ in range(5000):
+        if trial.completed_steps >= 3:
+            break
         gate.bubble_started(0, 0.003, 0)
         time.sleep(0.003)
         gate.bubble_ended(0)

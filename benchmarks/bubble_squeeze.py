@@ -1,0 +1,109 @@
+"""Fill the bubbles of a 2-stage 1F1B pipeline job (one stage per CPU core) with fused tuning trials.
+
+Three runs of the same main job: alone; with a gated fill trial in every stage (runs only inside
+bubbles, layer by layer); with naive co-location (fill trials simply run alongside). Reported: main-job
+iteration time and slowdown, fill throughput (member-steps/s), and the fraction of bubble time turned
+into fill work (fill CPU seconds / bubble seconds). Writes JSON and a PNG timeline of one iteration.
+
+    python benchmarks/bubble_squeeze.py [--iterations 30] [--members 4] [--out benchmarks/results]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import ray
+
+from hydro.bubbles import FillSpec, PipelineSpec
+from hydro.bubbles.job import PipelineJob
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_mode(job: PipelineJob, mode: str | None, fill: FillSpec, iterations: int) -> dict:
+    if mode is not None:
+        for stage in range(job.num_stages):
+            job.attach_fill(stage, fill, mode=mode)
+    job.run(2)  # settle
+    reports = job.run(iterations)
+    if mode is not None:
+        for stage in range(job.num_stages):
+            job.detach_fill(stage)
+    wall = max(r["wall_s"] for r in reports)
+    bubble_s = sum(b["length"] for r in reports for b in r["bubbles"])
+    fill_cpu = sum(r.get("fill_compute_s", 0.0) for r in reports)
+    member_steps = sum(r.get("fill_steps", 0) * r.get("fill_members", 0) for r in reports)
+    return {"mode": mode or "alone", "iteration_s": wall / iterations, "bubble_s_per_iteration": bubble_s / iterations,
+            "bubble_fraction": bubble_s / (wall * job.num_stages), "fill_member_steps_per_s": member_steps / wall,
+            "bubble_use": fill_cpu / bubble_s if bubble_s else 0.0, "reports": reports}
+
+
+def plot_timeline(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reports = result["reports"]
+    last_f0 = [max(o["start"] for o in r["ops"] if o["label"] == "F0") for r in reports]
+    start = min(last_f0)  # the last iteration
+    end = max(o["end"] for r in reports for o in r["ops"])
+    fig, ax = plt.subplots(figsize=(11, 2.6))
+    for r in reports:
+        y = r["stage"]
+        for o in r["ops"]:
+            if o["start"] >= start:
+                color = "#4c72b0" if o["label"].startswith("F") else "#dd8452"
+                ax.barh(y, o["end"] - o["start"], left=o["start"] - start, color=color, edgecolor="white", height=0.5)
+                ax.text((o["start"] + o["end"]) / 2 - start, y, o["label"], ha="center", va="center", fontsize=7,
+                        color="white")
+        for b in r["bubbles"]:
+            if b["end"] >= start:
+                ax.barh(y + 0.33, b["end"] - max(b["start"], start), left=max(b["start"], start) - start,
+                        color="#cccccc", height=0.14)
+        for a, z in r.get("fill_activity", []):
+            if a >= start and z <= end:
+                ax.barh(y - 0.33, z - a, left=a - start, color="#55a868", height=0.14)
+    ax.set_yticks(range(len(reports)), [f"stage {r['stage']}" for r in reports])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds into the iteration")
+    ax.set_title("1F1B iteration: forward (blue), backward (orange); bubbles (grey, below), fill work (green, above)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--members", type=int, default=4)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    spec = PipelineSpec(width=args.width, depth=8, microbatches=4, microbatch_size=32)
+    fill = FillSpec(configs=[{"lr": 0.1 / (i + 1), "momentum": 0.9} for i in range(args.members)],
+                    model_kwargs={"sizes": (64, 128, 128, 10)})
+    job = PipelineJob(spec, num_stages=2)
+    job.profile(3)
+    results = [run_mode(job, mode, fill, args.iterations) for mode in (None, "gated", "naive")]
+    job.shutdown()
+    alone = results[0]["iteration_s"]
+    print(f"main job: MLP width {args.width} x 8 layers, 2 stages (1 CPU core each), 4 microbatches of 32; "
+          f"fill: {args.members} fused MLP 64-128-128-10 members per stage")
+    print(f"{'mode':<7} {'iter ms':>8} {'slowdown':>9} {'bubble %':>9} {'fill member-steps/s':>20} {'bubble use':>11}")
+    for r in results:
+        print(f"{r['mode']:<7} {1e3 * r['iteration_s']:>8.2f} {r['iteration_s'] / alone - 1:>+9.1%} "
+              f"{r['bubble_fraction']:>9.1%} {r['fill_member_steps_per_s']:>20.1f} {r['bubble_use']:>11.1%}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot_timeline(results[1], args.out / "bubble_timeline.png")
+    summary = [{k: v for k, v in r.items() if k != "reports"} for r in results]
+    (args.out / "bubble_squeeze.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                              "results": summary}, indent=2))
+    print(f"wrote {args.out / 'bubble_squeeze.json'} and {args.out / 'bubble_timeline.png'}")
+
+
+if __name__ == "__main__":
+    main()
