@@ -85,48 +85,47 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, nargs="+", default=[16, 64], help="batch sizes (shared by members)")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per cell; the best is kept")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     device = torch.device(args.device)
     rows = []
-    header = f"{'workload':<20} {'F':>3} {'method':<11} {'samples/s/member':>17} {'vs seq':>7} {'peak MiB':>9}"
-    print(f"device={device} threads={torch.get_num_threads()} batch={args.batch} torch={torch.__version__}")
+    header = f"{'workload':<20} {'batch':>5} {'F':>3} {'method':<11} {'samples/s/member':>17} {'vs seq':>7} {'peak MiB':>9}"
+    print(f"device={device} threads={torch.get_num_threads()} torch={torch.__version__}")
     print(header)
     print("-" * len(header))
-    for name in args.workloads:
+    for name, batch, count in [(n, b, c) for n in args.workloads for b in args.batch for c in args.members]:
         factory, make_x, classes = WORKLOADS[name]
-        for count in args.members:
-            torch.manual_seed(0)
-            x, y = make_x(args.batch).to(device), torch.randint(0, classes, (args.batch,), device=device)
-            seq_time = None
-            for method, run in METHODS.items():
-                best = None
-                for _ in range(args.repeats):
-                    models = [factory().to(device) for _ in range(count)]
-                    try:
-                        result = run(models, x, y, device)
-                    except RuntimeError as error:  # e.g. vmap cannot batch a layer's in-place buffer update
-                        result = None
-                        note = str(error).splitlines()[0][:80]
-                    best = result if best is None or (result and result[0] < best[0]) else best
-                if best is None:
-                    rows.append({"workload": name, "members": count, "method": method, "error": note})
-                    print(f"{name:<20} {count:>3} {method:<11} failed: {note}")
-                    continue
-                step_time, peak = best
-                seq_time = step_time if method == "sequential" else seq_time
-                row = {"workload": name, "members": count, "method": method, "step_time_s": step_time,
-                       "samples_per_s_per_member": args.batch / step_time, "speedup_vs_sequential": seq_time / step_time,
-                       "peak_bytes": peak}
-                rows.append(row)
-                print(f"{name:<20} {count:>3} {method:<11} {row['samples_per_s_per_member']:>17,.0f} "
-                      f"{row['speedup_vs_sequential']:>6.2f}x {peak / 2**20:>9.1f}")
+        torch.manual_seed(0)
+        x, y = make_x(batch).to(device), torch.randint(0, classes, (batch,), device=device)
+        seq_time = None
+        for method, run in METHODS.items():
+            best = None
+            for _ in range(args.repeats):
+                models = [factory().to(device) for _ in range(count)]
+                try:
+                    result = run(models, x, y, device)
+                except RuntimeError as error:  # e.g. vmap cannot batch a layer's in-place buffer update
+                    result = None
+                    note = str(error).splitlines()[0][:80]
+                best = result if best is None or (result and result[0] < best[0]) else best
+            if best is None:
+                rows.append({"workload": name, "batch": batch, "members": count, "method": method, "error": note})
+                print(f"{name:<20} {batch:>5} {count:>3} {method:<11} failed: {note}")
+                continue
+            step_time, peak = best
+            seq_time = step_time if method == "sequential" else seq_time
+            row = {"workload": name, "batch": batch, "members": count, "method": method, "step_time_s": step_time,
+                   "samples_per_s_per_member": batch / step_time, "speedup_vs_sequential": seq_time / step_time,
+                   "peak_bytes": peak}
+            rows.append(row)
+            print(f"{name:<20} {batch:>5} {count:>3} {method:<11} {row['samples_per_s_per_member']:>17,.0f} "
+                  f"{row['speedup_vs_sequential']:>6.2f}x {peak / 2**20:>9.1f}")
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"fusion_throughput_{device.type}.json"
-    meta = {"device": str(device), "threads": torch.get_num_threads(), "batch": args.batch, "torch": torch.__version__,
+    meta = {"device": str(device), "threads": torch.get_num_threads(), "batches": args.batch, "torch": torch.__version__,
             "machine": platform.processor() or platform.machine()}
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)

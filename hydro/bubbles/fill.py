@@ -110,13 +110,13 @@ class FillTrial:
             self.gate.wait_for(self.layer_cost.get(unit, 0.0))
         self._current = (unit, time.thread_time(), time.time())
 
-    def start(self, steps: int, cpus: set[int] | None = None) -> None:
-        """Train ``steps`` more steps in a background thread at the lowest OS priority, on ``cpus`` if given
-        (the host stage's cores, so the stage preempts it as soon as its wait ends)."""
+    def start(self, steps: int, cpus: set[int] | None = None, niceness: int = 19) -> None:
+        """Train ``steps`` more steps in a background thread at OS priority ``niceness`` (default the lowest)
+        on ``cpus`` if given (the host stage's cores, so the stage preempts it as soon as its wait ends)."""
 
         def run() -> None:
             try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
                 if cpus:
                     os.sched_setaffinity(0, cpus)
             except (OSError, AttributeError):  # not permitted or not Linux: priority/placement stay as they are
