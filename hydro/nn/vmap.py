@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
 from torch.func import functional_call
 
