@@ -109,6 +109,7 @@ def test_schedulers_match_torch_per_member(name):
     for _ in range(25):
         expected = torch.tensor([o.param_groups[0]["lr"] for o in ref_opts], dtype=torch.float64)
         torch.testing.assert_close(opt.param_groups[0]["lr"], expected, rtol=1e-6, atol=1e-12)
+        assert sched.get_last_lr()[0] is opt.param_groups[0]["lr"]
         opt.step()
         sched.step()
         for o, s in zip(ref_opts, ref_scheds):

@@ -2,7 +2,6 @@
 import pytest
 from torch import nn
 
-import hydro
 from hydro.examples.data import digits
 from hydro.examples.models import MLP
 from hydro.planning import plan_fusion
@@ -44,4 +43,3 @@ def test_demo_main_job_runs(capsys):
     assert main(["demo", "--configs", "4", "--epochs", "1", "--fusion", "auto"]) == 0
     out = capsys.readouterr().out
     assert "plan_fusion: F=" in out and "best: lr=" in out
-    assert isinstance(hydro.fuse, type(plan_fusion))

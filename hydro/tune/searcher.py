@@ -70,7 +70,6 @@ class HydroSearcher(Searcher):
         self._last: dict[str, dict] = {}
         self._done: dict[str, dict] = {}
         self._target_trial: str | None = None
-        self.target_result: dict | None = None
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -108,7 +107,6 @@ class HydroSearcher(Searcher):
         if result:
             self._observe(trial_id, result)
         if trial_id == self._target_trial:
-            self.target_result = dict(result) if result else None
             return
         for member in self._trials.get(trial_id, []):
             if member not in self._done:

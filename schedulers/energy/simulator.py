@@ -21,7 +21,7 @@ import numpy as np
 
 from schedulers.energy.batch_size import BatchSizeBandit
 from schedulers.energy.power_limit import PowerLimitOptimizer, energy_cost
-from schedulers.energy.traces import WORKLOADS, PowerPoint, Workload, ZeusTraces
+from schedulers.energy.traces import WORKLOADS, Workload, ZeusTraces
 
 Policy = Callable[[list[int], int, int, float], BatchSizeBandit]
 
@@ -102,9 +102,6 @@ class JobSimulator:
         self._power = {b: traces.power(workload, b) for b in self.batch_sizes}
         self._paths = {b: traces.epochs_to_target(workload, b) for b in self.batch_sizes}
         self.power_limit = {b: self._jit_limit(b) for b in self.batch_sizes}
-
-    def _epoch_cost(self, p: PowerPoint) -> float:
-        return energy_cost(p.time_per_epoch_s * p.average_power_w, p.time_per_epoch_s, self.eta, self.max_power_w)
 
     def _jit_limit(self, b: int) -> int:
         """Cost-minimal limit (W) of b from one window per limit; windows hold the same work (one epoch)."""
