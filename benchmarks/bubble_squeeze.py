@@ -1,17 +1,20 @@
 """Fill the bubbles of a 2-stage 1F1B pipeline job (one stage per CPU core) with fused tuning trials.
 
-Three runs of the same main job: alone; with a gated fill trial in every stage (runs only inside
-bubbles, layer by layer); with naive co-location (fill trials simply run alongside). Reported: main-job
-iteration time and slowdown, fill throughput (member-steps/s), and the fraction of bubble time turned
-into fill work (fill CPU seconds / bubble seconds). Writes JSON and a PNG timeline of one iteration.
+The same main job in three modes: alone; with a gated fill trial in every stage (runs only inside
+bubbles, layer by layer); with naive co-location (fill trials simply run alongside). The modes are
+interleaved in rounds (alone, gated, naive, alone, ...) so drifts of a shared machine hit all of them alike;
+the slowdown is the median over rounds of (mode / alone of the same round). Reported: main-job iteration
+time and slowdown, fill throughput (member-steps/s), and the fraction of bubble time turned into fill work
+(fill CPU seconds / bubble seconds). Writes JSON and a PNG timeline of one iteration.
 
-    python benchmarks/bubble_squeeze.py [--iterations 30] [--members 4] [--out benchmarks/results]
+    python benchmarks/bubble_squeeze.py [--rounds 10] [--iterations 30] [--members 4] [--out benchmarks/results]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 from pathlib import Path
 
 import ray
@@ -74,9 +77,24 @@ def plot_timeline(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=130)
 
 
+def summarize(blocks: list[dict], alone: list[dict]) -> dict:
+    """One mode over all rounds: median iteration time, median paired slowdown (and its quartiles), totals."""
+    slowdowns = [b["iteration_s"] / a["iteration_s"] - 1 for b, a in zip(blocks, alone)]
+    quartiles = statistics.quantiles(slowdowns, n=4) if len(slowdowns) > 1 else slowdowns * 3
+    wall = sum(b["iteration_s"] for b in blocks)
+    bubble = sum(b["bubble_s_per_iteration"] for b in blocks)
+    return {"mode": blocks[0]["mode"], "iteration_s": statistics.median(b["iteration_s"] for b in blocks),
+            "slowdown": statistics.median(slowdowns), "slowdown_q1": quartiles[0], "slowdown_q3": quartiles[2],
+            "bubble_fraction": statistics.median(b["bubble_fraction"] for b in blocks),
+            "fill_member_steps_per_s": sum(b["fill_member_steps_per_s"] * b["iteration_s"] for b in blocks) / wall,
+            "bubble_use": sum(b["bubble_use"] * b["bubble_s_per_iteration"] for b in blocks) / bubble,
+            "rounds": len(blocks)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=30, help="iterations per mode and round")
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -88,20 +106,26 @@ def main() -> None:
                     model_kwargs={"sizes": (64, 128, 128, 10)})
     job = PipelineJob(spec, num_stages=2)
     job.profile(3)
-    results = [run_mode(job, mode, fill, args.iterations) for mode in (None, "gated", "naive")]
+    modes = (None, "gated", "naive")
+    blocks: dict[str | None, list[dict]] = {mode: [] for mode in modes}
+    for _ in range(args.rounds):
+        for mode in modes:
+            blocks[mode].append(run_mode(job, mode, fill, args.iterations))
     job.shutdown()
-    alone = results[0]["iteration_s"]
+    results = [summarize(blocks[mode], blocks[None]) for mode in modes]
     print(f"main job: MLP width {args.width} x 8 layers, 2 stages (1 CPU core each), 4 microbatches of 32; "
-          f"fill: {args.members} fused MLP 64-128-128-10 members per stage")
-    print(f"{'mode':<7} {'iter ms':>8} {'slowdown':>9} {'bubble %':>9} {'fill member-steps/s':>20} {'bubble use':>11}")
+          f"fill: {args.members} fused MLP 64-128-128-10 members per stage; {args.rounds} rounds x "
+          f"{args.iterations} iterations per mode")
+    print(f"{'mode':<7} {'iter ms':>8} {'slowdown (q1..q3)':>22} {'bubble %':>9} {'fill member-steps/s':>20} "
+          f"{'bubble use':>11}")
     for r in results:
-        print(f"{r['mode']:<7} {1e3 * r['iteration_s']:>8.2f} {r['iteration_s'] / alone - 1:>+9.1%} "
-              f"{r['bubble_fraction']:>9.1%} {r['fill_member_steps_per_s']:>20.1f} {r['bubble_use']:>11.1%}")
+        spread = f"{r['slowdown']:+.1%} ({r['slowdown_q1']:+.1%}..{r['slowdown_q3']:+.1%})"
+        print(f"{r['mode']:<7} {1e3 * r['iteration_s']:>8.2f} {spread:>22} {r['bubble_fraction']:>9.1%} "
+              f"{r['fill_member_steps_per_s']:>20.1f} {r['bubble_use']:>11.1%}")
     args.out.mkdir(parents=True, exist_ok=True)
-    plot_timeline(results[1], args.out / "bubble_timeline.png")
-    summary = [{k: v for k, v in r.items() if k != "reports"} for r in results]
+    plot_timeline(blocks["gated"][-1], args.out / "bubble_timeline.png")
     (args.out / "bubble_squeeze.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                              "results": summary}, indent=2))
+                                                              "results": results}, indent=2))
     print(f"wrote {args.out / 'bubble_squeeze.json'} and {args.out / 'bubble_timeline.png'}")
 
 

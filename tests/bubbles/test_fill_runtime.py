@@ -43,7 +43,7 @@ def _alone(steps: int) -> FillTrial:
 def test_fill_paused_and_resumed_across_bubbles_trains_exactly_as_alone():
     gate = BubbleGate()
     trial = FillTrial(SPEC, gate)
-    trial.start(8, niceness=0)  # normal priority: a lowest-priority thread may starve on a loaded test machine
+    trial.start(8, idle=False)  # normal priority: an idle-policy thread may starve on a loaded test machine
     bubbles = 0
     while trial.completed_steps < 8 and bubbles < 2000:
         gate.bubble_started(0, 0.001, 0)  # bubbles shorter than a step: steps are split over several
@@ -90,7 +90,7 @@ def test_gate_blocks_outside_bubbles_and_respects_the_predicted_length():
 def test_stopping_mid_step_keeps_every_completed_step_and_resumes_exactly():
     gate = BubbleGate()
     trial = FillTrial(SPEC, gate)
-    trial.start(100, niceness=0)
+    trial.start(100, idle=False)
     for _ in range(2000):
         if trial.completed_steps >= 3:
             break
