@@ -1,17 +1,15 @@
 """Fill trials: fused tuning trials that train layer by layer inside a pipeline stage's bubbles.
 
-A :class:`FillTrial` trains in its own thread under the ``SCHED_IDLE`` policy. Hooks before every layer's
-forward and backward (and before the loss and the optimizer step) wait on a :class:`BubbleGate`, so
-the trial pauses at a layer boundary when the bubble ends and resumes in the next one with nothing lost.
+Hooks before every layer's forward and backward (and before the loss and the optimizer step) of a
+:class:`FillTrial` wait on a :class:`BubbleGate`, so the trial pauses at a layer boundary when the bubble
+ends and resumes in the next one with nothing lost. :mod:`hydro.bubbles.fill_process` runs it beside a stage.
 Its batches depend only on (seed, step), so a trial moved elsewhere from its checkpoint continues
 exactly as it would have run alone.
 """
 from __future__ import annotations
 
-import os
-import threading
+import copy
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -41,7 +39,8 @@ class FillSpec:
 
 
 class FillTrial:
-    """One fused fill trial; ``step()`` trains one step, gated by ``gate`` between layers."""
+    """One fused fill trial; ``step()`` trains one step, gated by ``gate`` between layers (runs anywhere:
+    a thread, a process beside a stage, a dedicated worker)."""
 
     def __init__(self, spec: FillSpec, gate: BubbleGate | None = None) -> None:
         self.spec, self.gate = spec, gate
@@ -57,8 +56,7 @@ class FillTrial:
         self.activity: deque[tuple[float, float]] = deque(maxlen=4096)  # recent (start, end) wall-clock units
         self.layer_cost: dict[str, float] = {}
         self._current: tuple[str, float, float] | None = None  # unit, CPU and wall-clock start
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
+        self.last_losses: list[float] = []  # per member, of the last completed step
         for name, module in self.model.named_modules():
             if not list(module.children()):
                 module.register_forward_pre_hook(lambda m, a, name=name: self._boundary("F:" + name))
@@ -78,10 +76,12 @@ class FillTrial:
         self.optimizer.zero_grad(set_to_none=False)
         output = self.model(x)
         self._boundary("loss")
-        trial_losses(self.loss_fn, output, y).sum().backward()
+        losses = trial_losses(self.loss_fn, output, y)
+        losses.sum().backward()
         self._boundary("optimizer")
         self.optimizer.step()
         self._boundary(None)
+        self.last_losses = losses.detach().tolist()
         self.completed_steps += 1
 
     def _hook_backward(self, output, unit: str) -> None:
@@ -111,58 +111,32 @@ class FillTrial:
             self.gate.wait_for(self.layer_cost.get(unit, 0.0))
         self._current = (unit, time.thread_time(), time.time())
 
-    def start(self, steps: int, cpus: set[int] | None = None, idle: bool = True) -> None:
-        """Train ``steps`` more steps in a background thread on ``cpus`` if given (the host stage's cores).
-
-        ``idle=True`` runs the thread under Linux's ``SCHED_IDLE`` policy: the stage's threads preempt it the
-        moment their wait ends (measured: the lowest nice level, 19, still slowed a 1F1B stage by 12-21%,
-        ``SCHED_IDLE`` by nothing measurable). ``idle=False`` keeps normal priority (tests on busy machines).
-        """
-
-        def run() -> None:
-            try:
-                if idle:
-                    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
-                if cpus:
-                    os.sched_setaffinity(0, cpus)
-            except (OSError, AttributeError) as error:  # not Linux or not permitted: say so, results are unaffected
-                warnings.warn(f"fill trial runs at normal priority or unpinned ({error}): it may slow its host stage",
-                              RuntimeWarning, stacklevel=1)
-            try:
-                for _ in range(steps):
-                    self.step()
-            except FillAborted:
-                self._current = None
-            except RuntimeError as error:  # an abort raised inside a backward hook arrives wrapped
-                if not isinstance(error.__cause__, FillAborted) and "FillAborted" not in str(error):
-                    self.error = error
-            except BaseException as error:  # noqa: BLE001 - surfaced by join()
-                self.error = error
-
-        self._thread = threading.Thread(target=run, name="hydro-fill", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop at the next layer boundary (the step in flight is dropped) and wait for the thread."""
-        if self.gate is not None:
-            self.gate.abort()
-        self.join()
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-        if self.error is not None:
-            raise self.error
+    def train(self, steps: int) -> bool:
+        """Train up to ``steps`` more steps; ``False`` if the gate aborted (the step in flight is dropped)."""
+        try:
+            for _ in range(steps):
+                self.step()
+        except FillAborted:
+            self._current = None
+            return False
+        except RuntimeError as error:  # an abort raised inside a backward hook arrives wrapped
+            if not isinstance(error.__cause__, FillAborted) and "FillAborted" not in str(error):
+                raise
+            self._current = None
+            return False
+        return True
 
     def checkpoint(self) -> dict:
-        """Everything needed to continue elsewhere: spec, completed steps, weights, optimizer state."""
-        return {"spec": self.spec, "completed_steps": self.completed_steps, "member_ids": self.model.member_ids,
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """Everything needed to continue elsewhere (a copy): spec, completed steps, last per-member losses, weights,
+        optimizer state."""
+        return copy.deepcopy({"spec": self.spec, "completed_steps": self.completed_steps,
+                              "member_ids": self.model.member_ids, "losses": self.last_losses, "model": self.model.state_dict(),
+                              "optimizer": self.optimizer.state_dict()})
 
     @classmethod
     def from_checkpoint(cls, checkpoint: dict, gate: BubbleGate | None = None) -> "FillTrial":
         trial = cls(checkpoint["spec"], gate)
         trial.model.load_state_dict(checkpoint["model"])
         trial.optimizer.load_state_dict(checkpoint["optimizer"])
-        trial.completed_steps = checkpoint["completed_steps"]
+        trial.completed_steps, trial.last_losses = checkpoint["completed_steps"], checkpoint["losses"]
         return trial

@@ -2,15 +2,15 @@
 
 Each stage actor joins a gloo (CPU) or NCCL (GPU) process group, runs 1F1B iterations
 (:class:`~hydro.bubbles.stage.PipelineStage`) and reports its operations and bubbles. ``attach_fill``
-co-locates a fused fill trial with the stage: ``mode="gated"`` runs it only inside bubbles, layer by layer;
-``mode="naive"`` lets it run alongside (for contrast). Stage actors are named
+co-locates a fused fill trial with the stage, in a process of its own on the stage's core
+(:class:`~hydro.bubbles.fill_process.FillProcess`): ``mode="gated"`` runs it only inside bubbles, layer by
+layer, under ``SCHED_IDLE``; ``mode="naive"`` lets it run alongside at normal priority (for contrast). Stage actors are named
 ``hydro-bubbles/<job>/<stage>`` so a placement policy can find them.
 """
 from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from dataclasses import asdict
 
@@ -20,6 +20,7 @@ import torch
 from hydro.planning import free_memory_bytes, plan_fusion
 
 from .fill import FillSpec, FillTrial
+from .fill_process import FillProcess
 from .gate import BubbleGate
 from .hooks import BubbleRecorder
 from .stage import PipelineSpec, PipelineStage
@@ -35,7 +36,6 @@ class StageHost:
     def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, address: str, fill_memory_bytes: int | None):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(1)
-        sys.setswitchinterval(1e-4)  # hand the GIL back to the stage quickly when its wait ends
         torch.distributed.init_process_group("gloo", init_method=address, rank=stage, world_size=num_stages)
         self.gate = BubbleGate()
         self.recorder = BubbleRecorder(self.gate)
@@ -43,7 +43,7 @@ class StageHost:
         cores = sorted(os.sched_getaffinity(0))
         self.cpus = {cores[stage % len(cores)]}  # one core per stage; its fill trial shares it
         self.fill_memory_bytes = fill_memory_bytes
-        self.fill: FillTrial | None = None
+        self.fill: FillProcess | None = None
 
     def profile(self, iterations: int) -> tuple[float, float]:
         return self.stage.profile(iterations)
@@ -64,22 +64,29 @@ class StageHost:
             report["fill_steps"] = self.fill.completed_steps - fill_steps
             report["fill_compute_s"] = self.fill.compute_s - fill_compute
             report["fill_members"] = self.fill.num_members
-            report["fill_activity"] = [a for a in self.fill.activity if a[0] >= started]
+            report["fill_activity"] = [a for a in self.fill.status()["activity"] if a[0] >= started]
         return report
 
-    def attach_fill(self, spec: FillSpec, mode: str = "gated", steps: int = 1_000_000,
-                    checkpoint: dict | None = None) -> int:
-        """Start a fill trial here (from ``checkpoint`` if given); returns its fusion count, which follows
-        the memory this stage can spare. Raises :class:`FillTooLarge` with the numbers if one member does
-        not fit."""
+    def attach_fill(self, spec: FillSpec | None = None, mode: str = "gated", steps: int = 1_000_000,
+                    checkpoint: dict | None = None, snapshot_every: int = 0) -> int:
+        """Start a fill trial here, new from ``spec`` or continued from ``checkpoint``; returns its fusion
+        count, which follows the memory this stage can spare. Raises :class:`FillTooLarge` with the numbers if
+        one member does not fit. ``snapshot_every``: steps between the snapshots :meth:`fill_status` returns."""
         if mode not in ("gated", "naive"):
             raise ValueError(f"mode must be 'gated' or 'naive', got {mode!r}")
-        spec = self._fit_to_memory(spec) if checkpoint is None else spec
+        if self.fill is not None:
+            raise RuntimeError(f"stage {self.stage.stage} already hosts a fill trial; detach_fill() it first")
+        if checkpoint is None:
+            spec = self._fit_to_memory(spec)
         self.gate = BubbleGate(always_open=mode == "naive")
         self.recorder.listeners = [self.gate]
-        self.fill = FillTrial(spec, self.gate) if checkpoint is None else FillTrial.from_checkpoint(checkpoint, self.gate)
-        self.fill.start(steps, self.cpus)
+        self.fill = FillProcess(self.gate, self.cpus, spec=None if checkpoint else spec, checkpoint=checkpoint,
+                                steps=steps, idle=mode == "gated", snapshot_every=snapshot_every)
         return self.fill.num_members
+
+    def fill_status(self) -> dict | None:
+        """The hosted fill trial's progress (see :meth:`FillProcess.status`), or ``None`` if there is none."""
+        return None if self.fill is None else self.fill.status()
 
     def _fit_to_memory(self, spec: FillSpec) -> FillSpec:
         budget = self.fill_memory_bytes if self.fill_memory_bytes is not None else free_memory_bytes() // 4
@@ -100,8 +107,7 @@ class StageHost:
         """Stop the fill trial at its next layer boundary; returns its checkpoint (completed steps only)."""
         if self.fill is None:
             return None
-        self.fill.stop()
-        checkpoint, self.fill = self.fill.checkpoint(), None
+        checkpoint, self.fill = self.fill.stop(), None
         self.gate = BubbleGate()
         self.recorder.listeners = [self.gate]
         return checkpoint
@@ -139,8 +145,12 @@ class PipelineJob:
     def run(self, iterations: int) -> list[dict]:
         return ray.get([s.run.remote(iterations) for s in self.stages])
 
-    def attach_fill(self, stage: int, spec: FillSpec, mode: str = "gated", checkpoint: dict | None = None) -> int:
+    def attach_fill(self, stage: int, spec: FillSpec | None = None, mode: str = "gated",
+                    checkpoint: dict | None = None) -> int:
         return ray.get(self.stages[stage].attach_fill.remote(spec, mode, checkpoint=checkpoint))
+
+    def fill_status(self, stage: int) -> dict | None:
+        return ray.get(self.stages[stage].fill_status.remote())
 
     def detach_fill(self, stage: int) -> dict | None:
         return ray.get(self.stages[stage].detach_fill.remote())

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hydro.bubbles import BubbleGate, FillAborted, FillSpec, FillTrial, one_f_one_b, simulate
+from hydro.bubbles.fill_process import FillProcess, FillProcessError
 from hydro.bubbles.schedule import Op, bubble_fraction
 
 SPEC = FillSpec(configs=[{"lr": 0.1, "momentum": 0.9}, {"lr": 0.02}, {"lr": 0.05, "momentum": 0.5}])
@@ -43,7 +44,8 @@ def _alone(steps: int) -> FillTrial:
 def test_fill_paused_and_resumed_across_bubbles_trains_exactly_as_alone():
     gate = BubbleGate()
     trial = FillTrial(SPEC, gate)
-    trial.start(8, idle=False)  # normal priority: an idle-policy thread may starve on a loaded test machine
+    trainer = threading.Thread(target=trial.train, args=(8,))
+    trainer.start()
     bubbles = 0
     while trial.completed_steps < 8 and bubbles < 2000:
         gate.bubble_started(0, 0.001, 0)  # bubbles shorter than a step: steps are split over several
@@ -51,7 +53,7 @@ def test_fill_paused_and_resumed_across_bubbles_trains_exactly_as_alone():
         gate.bubble_ended(0)
         time.sleep(0.001)
         bubbles += 1
-    trial.join()
+    trainer.join()
     assert trial.completed_steps == 8 and bubbles > 8  # it really paused between layers
     assert _same(trial, _alone(8))
 
@@ -90,14 +92,18 @@ def test_gate_blocks_outside_bubbles_and_respects_the_predicted_length():
 def test_stopping_mid_step_keeps_every_completed_step_and_resumes_exactly():
     gate = BubbleGate()
     trial = FillTrial(SPEC, gate)
-    trial.start(100, idle=False)
+    finished = []
+    trainer = threading.Thread(target=lambda: finished.append(trial.train(100)))
+    trainer.start()
     for _ in range(2000):
         if trial.completed_steps >= 3:
             break
         gate.bubble_started(0, 0.01, 0)
         time.sleep(0.01)
         gate.bubble_ended(0)
-    trial.stop()  # aborts the step in flight at a layer boundary
+    gate.abort()  # aborts the step in flight at a layer boundary
+    trainer.join()
+    assert finished == [False]
     checkpoint = trial.checkpoint()
     done = checkpoint["completed_steps"]
     assert done >= 3 and _same(trial, _alone(done))
@@ -105,3 +111,28 @@ def test_stopping_mid_step_keeps_every_completed_step_and_resumes_exactly():
     for _ in range(4):
         resumed.step()
     assert _same(resumed, _alone(done + 4))
+
+
+def test_fill_process_trains_exactly_as_alone_and_snapshots_at_step_boundaries():
+    gate = BubbleGate()
+    fill = FillProcess(gate, None, spec=SPEC, steps=100, idle=False, snapshot_every=2)
+    assert fill.num_members == 3
+    for _ in range(5000):
+        if fill.completed_steps >= 4:
+            break
+        gate.bubble_started(0, 0.01, 0)
+        time.sleep(0.01)
+        gate.bubble_ended(0)
+    status = fill.status()
+    snapshot = status["snapshot"]
+    assert snapshot["completed_steps"] % 2 == 0 and snapshot["completed_steps"] >= 2
+    assert len(status["losses"]) == 3 and status["member_ids"] == [0, 1, 2]
+    assert _same(FillTrial.from_checkpoint(snapshot), _alone(snapshot["completed_steps"]))
+    checkpoint = fill.stop()
+    assert checkpoint["completed_steps"] >= 4
+    assert _same(FillTrial.from_checkpoint(checkpoint), _alone(checkpoint["completed_steps"]))
+
+
+def test_fill_process_failure_is_raised_with_the_childs_traceback():
+    with pytest.raises(FillProcessError, match="NoSuchModel"):
+        FillProcess(BubbleGate(), None, spec=FillSpec(configs=[{"lr": 0.1}], model="NoSuchModel"))
