@@ -17,33 +17,27 @@ from dataclasses import asdict
 import ray
 import torch
 
-from hydro.planning import free_memory_bytes, plan_fusion
-
-from .fill import FillSpec, FillTrial
-from .fill_process import FillProcess
+from .fill import FillSpec
 from .gate import BubbleGate
+from .host import FillHost
 from .hooks import BubbleRecorder
 from .stage import PipelineSpec, PipelineStage
 
 
-class FillTooLarge(MemoryError):
-    """A fill trial does not fit the memory a stage can spare; the message gives the numbers."""
+class StageHost(FillHost):
+    """The body of a stage actor (plain class; Ray wraps it in :func:`stage_actor`). Fill modes: ``"gated"``
+    (inside bubbles only) and ``"naive"`` (alongside the stage, for contrast)."""
 
-
-class StageHost:
-    """The body of a stage actor (plain class; Ray wraps it in :func:`stage_actor`)."""
+    modes = ("gated", "naive")
 
     def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, address: str, fill_memory_bytes: int | None):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(1)
         torch.distributed.init_process_group("gloo", init_method=address, rank=stage, world_size=num_stages)
-        self.gate = BubbleGate()
+        cores = sorted(os.sched_getaffinity(0))
+        super().__init__(f"stage {stage}", {cores[stage % len(cores)]}, fill_memory_bytes)  # the fill shares the core
         self.recorder = BubbleRecorder(self.gate)
         self.stage = PipelineStage(spec, stage, num_stages, self.recorder)
-        cores = sorted(os.sched_getaffinity(0))
-        self.cpus = {cores[stage % len(cores)]}  # one core per stage; its fill trial shares it
-        self.fill_memory_bytes = fill_memory_bytes
-        self.fill: FillProcess | None = None
 
     def profile(self, iterations: int) -> tuple[float, float]:
         return self.stage.profile(iterations)
@@ -53,64 +47,24 @@ class StageHost:
         os.sched_setaffinity(0, self.cpus)
         self.stage.timeline.clear()
         self.recorder.bubbles.clear()
-        fill_steps = None if self.fill is None else self.fill.completed_steps
-        fill_compute = None if self.fill is None else self.fill.compute_s
+        fill = self.fill
+        fill_steps, fill_compute = (fill.completed_steps, fill.compute_s) if fill is not None else (0, 0.0)
         started = time.time()
         losses = [self.stage.run_iteration() for _ in range(iterations)]
         report = {"stage": self.stage.stage, "losses": losses, "wall_s": time.time() - started,
                   "ops": [asdict(i) for i in self.stage.timeline],
                   "bubbles": [{**asdict(b), "length": b.length} for b in self.recorder.bubbles]}
-        if self.fill is not None:
-            report["fill_steps"] = self.fill.completed_steps - fill_steps
-            report["fill_compute_s"] = self.fill.compute_s - fill_compute
-            report["fill_members"] = self.fill.num_members
-            report["fill_activity"] = [a for a in self.fill.status()["activity"] if a[0] >= started]
+        with self.fill_lock:
+            if fill is not None and fill is self.fill:  # the same fill trial throughout: its work in this run
+                report["fill_steps"] = fill.completed_steps - fill_steps
+                report["fill_compute_s"] = fill.compute_s - fill_compute
+                report["fill_members"] = fill.num_members
+                report["fill_activity"] = [a for a in fill.status()["activity"] if a[0] >= started]
         return report
 
-    def attach_fill(self, spec: FillSpec | None = None, mode: str = "gated", steps: int = 1_000_000,
-                    checkpoint: dict | None = None, snapshot_every: int = 0) -> int:
-        """Start a fill trial here, new from ``spec`` or continued from ``checkpoint``; returns its fusion
-        count, which follows the memory this stage can spare. Raises :class:`FillTooLarge` with the numbers if
-        one member does not fit. ``snapshot_every``: steps between the snapshots :meth:`fill_status` returns."""
-        if mode not in ("gated", "naive"):
-            raise ValueError(f"mode must be 'gated' or 'naive', got {mode!r}")
-        if self.fill is not None:
-            raise RuntimeError(f"stage {self.stage.stage} already hosts a fill trial; detach_fill() it first")
-        if checkpoint is None:
-            spec = self._fit_to_memory(spec)
-        self.gate = BubbleGate(always_open=mode == "naive")
-        self.recorder.listeners = [self.gate]
-        self.fill = FillProcess(self.gate, self.cpus, spec=None if checkpoint else spec, checkpoint=checkpoint,
-                                steps=steps, idle=mode == "gated", snapshot_every=snapshot_every)
-        return self.fill.num_members
-
-    def fill_status(self) -> dict | None:
-        """The hosted fill trial's progress (see :meth:`FillProcess.status`), or ``None`` if there is none."""
-        return None if self.fill is None else self.fill.status()
-
-    def _fit_to_memory(self, spec: FillSpec) -> FillSpec:
-        budget = self.fill_memory_bytes if self.fill_memory_bytes is not None else free_memory_bytes() // 4
-        trial = FillTrial(FillSpec(**{**asdict(spec), "configs": spec.configs[:1]}))
-
-        def factory():
-            return getattr(__import__("hydro.examples.models", fromlist=[spec.model]), spec.model)(**spec.model_kwargs)
-
-        try:
-            plan = plan_fusion(factory, trial.batch(0), trial.loss_fn, max_members=len(spec.configs),
-                               memory_budget_bytes=budget, steps=1, tolerance=1.0)
-        except MemoryError as error:
-            raise FillTooLarge(f"stage {self.stage.stage}: fill trial refused: {error} "
-                               f"(stage can spare {budget / 2**20:.1f} MiB)") from None
-        return FillSpec(**{**asdict(spec), "configs": spec.configs[: plan.num_members]})
-
-    def detach_fill(self) -> dict | None:
-        """Stop the fill trial at its next layer boundary; returns its checkpoint (completed steps only)."""
-        if self.fill is None:
-            return None
-        checkpoint, self.fill = self.fill.stop(), None
-        self.gate = BubbleGate()
-        self.recorder.listeners = [self.gate]
-        return checkpoint
+    def _set_gate(self, gate: BubbleGate) -> None:
+        self.gate = gate
+        self.recorder.listeners = [gate]
 
     def weights(self) -> dict:
         return {k: v.clone() for k, v in self.stage.model.state_dict().items()}
