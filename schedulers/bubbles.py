@@ -22,6 +22,7 @@ class Slot:
     idle_fraction: float = 1.0
     job: str | None = None
     trial: str | None = None
+    host: str | None = None  # name of the actor that runs trials placed here
 
 
 @dataclass
@@ -47,10 +48,12 @@ class BubblePlacement:
             raise ValueError(f"slot {slot.name!r} is already registered")
         self.slots[slot.name] = slot
 
-    def register_pipeline(self, job: str, stage_bubble_fractions: list[float], stage_free_bytes: list[int]) -> None:
-        """Every stage of ``job`` as a bubble slot ``<job>/<stage>``."""
-        for stage, (fraction, free) in enumerate(zip(stage_bubble_fractions, stage_free_bytes)):
-            self.add_slot(Slot(f"{job}/{stage}", False, free, fraction, job=job))
+    def register_pipeline(self, job: str, stage_bubble_fractions: list[float], stage_free_bytes: list[int],
+                          hosts: list[str] | None = None) -> None:
+        """Every stage of ``job`` as a bubble slot ``<job>/<stage>`` (run by ``hosts[stage]`` if given)."""
+        hosts = hosts or [None] * len(stage_free_bytes)
+        for stage, (fraction, free, host) in enumerate(zip(stage_bubble_fractions, stage_free_bytes, hosts)):
+            self.add_slot(Slot(f"{job}/{stage}", False, free, fraction, job=job, host=host))
 
     def remove_job(self, job: str) -> list[str]:
         """A pipeline job ended: drop its slots; returns the trials that ran there (to be placed again)."""
@@ -80,15 +83,24 @@ class BubblePlacement:
             if slot.trial == trial_id:
                 slot.trial = None
 
-    def promote(self, needs: TrialNeeds) -> Slot | None:
+    def promote(self, needs: TrialNeeds, keep_current: bool = False) -> Slot | None:
         """A trial reached ``needs.rung``: if it is late-stage and runs in a bubble while a dedicated slot is
-        free, move it there (returns the new slot); otherwise ``None`` (it stays)."""
-        current = next((s for s in self.slots.values() if s.trial == needs.trial_id), None)
-        if current is None or current.dedicated or needs.rung < self.promote_rung:
+        free, move it there (returns the new slot); otherwise ``None`` (it stays). ``keep_current``: the old
+        slot stays occupied until :meth:`vacate` (the trial is still leaving it)."""
+        current = next((s for s in self.slots.values() if s.trial == needs.trial_id and not s.dedicated), None)
+        if current is None or any(s.trial == needs.trial_id and s.dedicated for s in self.slots.values()) \
+                or needs.rung < self.promote_rung:
             return None
         target = next((s for s in self.slots.values() if s.dedicated and s.trial is None
                        and s.free_bytes >= needs.memory_bytes), None)
         if target is None:
             return None
-        current.trial, target.trial = None, needs.trial_id
+        target.trial = needs.trial_id
+        if not keep_current:
+            current.trial = None
         return target
+
+    def vacate(self, slot_name: str) -> None:
+        """The trial in ``slot_name`` has left it (after a move)."""
+        if slot_name in self.slots:
+            self.slots[slot_name].trial = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -20,8 +20,13 @@ from hydro.binder import fuse
 from hydro.examples import models
 from hydro.loss import trial_losses
 from hydro.optim import SGD
+from hydro.planning import measure_training_step, plan_fusion, training_tensors
 
 from .gate import BubbleGate, FillAborted
+
+
+class FillTooLarge(MemoryError):
+    """A fill trial does not fit the memory its host can spare; the message gives the numbers."""
 
 
 @dataclass
@@ -140,3 +145,22 @@ class FillTrial:
         trial.optimizer.load_state_dict(checkpoint["optimizer"])
         trial.completed_steps, trial.last_losses = checkpoint["completed_steps"], checkpoint["losses"]
         return trial
+
+
+def fill_memory_bytes(spec: FillSpec) -> int:
+    """Peak memory (bytes) of one training step of ``spec``'s fused trial (see
+    :func:`hydro.planning.measure_training_step`), measured on a throwaway copy."""
+    trial = FillTrial(spec)
+    return measure_training_step(trial.step, lambda: training_tensors(trial.model, trial.optimizer), steps=1)[1]
+
+
+def fit_to_memory(spec: FillSpec, budget_bytes: int) -> FillSpec:
+    """``spec`` with as many of its members as fit ``budget_bytes`` (and run fastest, see
+    :func:`hydro.planning.plan_fusion`); raises :class:`FillTooLarge` with the numbers if one does not fit."""
+    trial = FillTrial(replace(spec, configs=spec.configs[:1]))
+    try:
+        plan = plan_fusion(lambda: getattr(models, spec.model)(**spec.model_kwargs), trial.batch(0), trial.loss_fn,
+                           max_members=len(spec.configs), memory_budget_bytes=budget_bytes, steps=1, tolerance=1.0)
+    except MemoryError as error:
+        raise FillTooLarge(f"fill trial refused: {error} (it can spare {budget_bytes / 2**20:.1f} MiB)") from None
+    return replace(spec, configs=spec.configs[: plan.num_members])

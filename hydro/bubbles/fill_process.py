@@ -18,7 +18,7 @@ import traceback
 
 import torch
 
-from .fill import FillSpec, FillTrial
+from .fill import FillSpec, FillTooLarge, FillTrial, fit_to_memory
 from .gate import BubbleGate
 
 _STEPS, _COMPUTE_S = range(2)
@@ -34,11 +34,13 @@ class FillProcess:
     ``idle=True`` (gated fill): the child runs under Linux's ``SCHED_IDLE`` policy, so the stage preempts it
     the moment its wait ends; ``idle=False`` (naive co-location): normal priority. ``snapshot_every``: the
     child keeps a copy of its state every so many steps, for :meth:`status` (0: never).
+    ``memory_budget_bytes``: a new trial keeps as many members as fit (:func:`~hydro.bubbles.fill.fit_to_memory`,
+    :class:`~hydro.bubbles.fill.FillTooLarge` if none does).
     """
 
     def __init__(self, gate: BubbleGate, cpus: set[int] | None, *, spec: FillSpec | None = None,
                  checkpoint: dict | None = None, steps: int = 1_000_000, idle: bool = True,
-                 snapshot_every: int = 0) -> None:
+                 snapshot_every: int = 0, memory_budget_bytes: int | None = None) -> None:
         if (spec is None) == (checkpoint is None):
             raise ValueError("give exactly one of spec (a new fill trial) or checkpoint (a trial to continue)")
         context = multiprocessing.get_context("spawn")
@@ -48,7 +50,8 @@ class FillProcess:
         self.gate = gate
         self._process = context.Process(
             target=_child_main, name="hydro-fill", daemon=True,
-            args=(spec, pickle.dumps(checkpoint), gate, cpus, idle, steps, snapshot_every, child_conn, self._progress))
+            args=(spec, pickle.dumps(checkpoint), memory_budget_bytes, gate, cpus, idle, steps, snapshot_every,
+                  child_conn, self._progress))
         self._process.start()
         self.num_members: int = self._answer()
 
@@ -63,7 +66,8 @@ class FillProcess:
 
     def status(self) -> dict:
         """Completed steps, member ids, per-member losses of the last step, recent activity (wall-clock
-        ``(start, end)`` of fill units), and the latest snapshot (a checkpoint, or ``None``)."""
+        ``(start, end)`` of fill units), the latest snapshot (a checkpoint, or ``None``) and ``snapshot_losses``:
+        ``(completed steps, per-member losses)`` at every snapshot so far."""
         return self._request("status")
 
     def stop(self) -> dict:
@@ -80,13 +84,17 @@ class FillProcess:
 
     def _answer(self):
         kind, payload = pickle.loads(self._conn.recv_bytes())
+        if kind == "too_large":
+            self._process.join()
+            raise FillTooLarge(payload)
         if kind == "error":
             self._process.join()
             raise FillProcessError(f"fill trial failed in its process:\n{payload}")
         return payload
 
 
-def _child_main(spec, checkpoint, gate, cpus, idle, steps, snapshot_every, conn, progress) -> None:
+def _child_main(spec, checkpoint, memory_budget_bytes, gate, cpus, idle, steps, snapshot_every, conn, progress
+                ) -> None:
     def send(kind: str, payload) -> None:
         conn.send_bytes(pickle.dumps((kind, payload)))
 
@@ -97,11 +105,17 @@ def _child_main(spec, checkpoint, gate, cpus, idle, steps, snapshot_every, conn,
         if cpus:
             os.sched_setaffinity(0, cpus)
         torch.set_num_threads(1)
+        if checkpoint is None and memory_budget_bytes is not None:
+            spec = fit_to_memory(spec, memory_budget_bytes)
         trial = FillTrial(spec, gate) if checkpoint is None else FillTrial.from_checkpoint(checkpoint, gate)
+    except FillTooLarge as error:
+        send("too_large", str(error))
+        return
     except BaseException:  # noqa: BLE001 - reported to the host, which raises it
         send("error", traceback.format_exc())
         return
     snapshot: list[dict | None] = [None]
+    snapshot_losses: list[tuple[int, list[float]]] = []
     failure: list[str] = []
 
     def train() -> None:
@@ -112,6 +126,7 @@ def _child_main(spec, checkpoint, gate, cpus, idle, steps, snapshot_every, conn,
                 progress[_STEPS], progress[_COMPUTE_S] = trial.completed_steps, trial.compute_s
                 if snapshot_every and trial.completed_steps % snapshot_every == 0:
                     snapshot[0] = trial.checkpoint()
+                    snapshot_losses.append((trial.completed_steps, trial.last_losses))
         except BaseException:  # noqa: BLE001 - reported on the next request
             failure.append(traceback.format_exc())
 
@@ -129,4 +144,5 @@ def _child_main(spec, checkpoint, gate, cpus, idle, steps, snapshot_every, conn,
             send("ok", trial.checkpoint())
             return
         send("ok", {"completed_steps": trial.completed_steps, "member_ids": trial.model.member_ids,
-                          "losses": trial.last_losses, "activity": list(trial.activity), "snapshot": snapshot[0]})
+                          "losses": trial.last_losses, "activity": list(trial.activity), "snapshot": snapshot[0],
+                    "snapshot_losses": list(snapshot_losses)})

@@ -1,27 +1,22 @@
 """Hosts of fill trials: what a pipeline stage actor and a dedicated worker actor share.
 
 A host runs at most one fill trial at a time, in a :class:`~hydro.bubbles.fill_process.FillProcess` on the
-host's cores, sized to the memory the host can spare. :class:`~hydro.bubbles.job.StageHost` gates it by
+host's cores, sized to the memory the host can spare. Nothing of the fill trial runs in the host's own
+process: torch.fx tracing (fusing) patches ``nn.Module.__call__`` process-wide and would break the modules
+a stage runs meanwhile. :class:`~hydro.bubbles.job.StageHost` gates it by
 the stage's bubbles; :class:`DedicatedHost` (a worker of its own) lets it run freely.
 """
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import asdict, replace
-
 import ray
 
-from hydro.examples import models
-from hydro.planning import free_memory_bytes, plan_fusion
+from hydro.planning import free_memory_bytes
 
-from .fill import FillSpec, FillTrial
+from .fill import FillSpec, FillTooLarge
 from .fill_process import FillProcess
 from .gate import BubbleGate
-
-
-class FillTooLarge(MemoryError):
-    """A fill trial does not fit the memory a host can spare; the message gives the numbers."""
 
 
 class FillHost:
@@ -47,11 +42,13 @@ class FillHost:
         with self.fill_lock:
             if self.fill is not None:
                 raise RuntimeError(f"{self.name} already hosts a fill trial; detach_fill() it first")
-            if checkpoint is None:
-                spec = self._fit_to_memory(spec)
             gate = BubbleGate(always_open=mode != "gated")
-            self.fill = FillProcess(gate, self.cpus, spec=None if checkpoint else spec, checkpoint=checkpoint,
-                                    steps=steps, idle=mode == "gated", snapshot_every=snapshot_every)
+            try:
+                self.fill = FillProcess(gate, self.cpus, spec=None if checkpoint else spec, checkpoint=checkpoint,
+                                        steps=steps, idle=mode == "gated", snapshot_every=snapshot_every,
+                                        memory_budget_bytes=self.fill_budget())
+            except FillTooLarge as error:
+                raise FillTooLarge(f"{self.name}: {error}") from None
             self._set_gate(gate)
             return self.fill.num_members
 
@@ -72,16 +69,9 @@ class FillHost:
     def _set_gate(self, gate: BubbleGate) -> None:
         self.gate = gate
 
-    def _fit_to_memory(self, spec: FillSpec) -> FillSpec:
-        budget = self.fill_memory_bytes if self.fill_memory_bytes is not None else free_memory_bytes() // 4
-        trial = FillTrial(replace(spec, configs=spec.configs[:1]))
-        try:
-            plan = plan_fusion(lambda: getattr(models, spec.model)(**spec.model_kwargs), trial.batch(0), trial.loss_fn,
-                               max_members=len(spec.configs), memory_budget_bytes=budget, steps=1, tolerance=1.0)
-        except MemoryError as error:
-            raise FillTooLarge(f"{self.name}: fill trial refused: {error} "
-                               f"(it can spare {budget / 2**20:.1f} MiB)") from None
-        return FillSpec(**{**asdict(spec), "configs": spec.configs[: plan.num_members]})
+    def fill_budget(self) -> int:
+        """Bytes a fill trial may use here."""
+        return self.fill_memory_bytes if self.fill_memory_bytes is not None else free_memory_bytes() // 4
 
 
 class DedicatedHost(FillHost):
@@ -93,6 +83,13 @@ class DedicatedHost(FillHost):
         super().__init__(name, set(os.sched_getaffinity(0)), fill_memory_bytes)
 
 
-def dedicated_actor(num_cpus: float = 1):
-    """The Ray actor class of a dedicated host."""
-    return ray.remote(num_cpus=num_cpus, max_concurrency=4)(DedicatedHost)
+def start_dedicated_hosts(service, count: int, num_cpus: float = 1, fill_memory_bytes: int | None = None) -> list:
+    """Start ``count`` dedicated host actors (``hydro-bubbles/dedicated/<i>``) and register them with the
+    placement ``service`` as dedicated slots; returns the actor handles."""
+    actor = ray.remote(num_cpus=num_cpus, max_concurrency=4)(DedicatedHost)
+    hosts = []
+    for i in range(count):
+        name = f"hydro-bubbles/dedicated/{i}"
+        hosts.append(actor.options(name=name).remote(name, fill_memory_bytes))
+        ray.get(service.add_dedicated.remote(f"dedicated/{i}", ray.get(hosts[-1].fill_budget.remote()), name))
+    return hosts

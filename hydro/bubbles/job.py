@@ -89,9 +89,19 @@ class PipelineJob:
         self.spec, self.num_stages, self.name = spec, num_stages, name
         address = f"tcp://127.0.0.1:{_free_port()}"
         actor = stage_actor(num_cpus_per_stage)
-        self.stages = [actor.options(name=f"hydro-bubbles/{name}/{s}").remote(spec, s, num_stages, address,
-                                                                               fill_memory_bytes)
-                       for s in range(num_stages)]
+        self.actor_names = [f"hydro-bubbles/{name}/{s}" for s in range(num_stages)]
+        self.stages = [actor.options(name=n).remote(spec, s, num_stages, address, fill_memory_bytes)
+                       for s, n in enumerate(self.actor_names)]
+        self.service = None
+
+    def register(self, service, iterations: int = 3) -> None:
+        """Offer the stages to the placement ``service`` as bubble slots ``<job>/<stage>``: each stage's bubble
+        fraction measured over ``iterations`` and the memory it can spare."""
+        reports = self.run(iterations)
+        fractions = [sum(b["length"] for b in r["bubbles"]) / r["wall_s"] for r in reports]
+        budgets = ray.get([s.fill_budget.remote() for s in self.stages])
+        ray.get(service.register_pipeline.remote(self.name, fractions, budgets, self.actor_names))
+        self.service = service
 
     def profile(self, iterations: int = 2) -> list[tuple[float, float]]:
         return ray.get([s.profile.remote(iterations) for s in self.stages])
@@ -110,8 +120,14 @@ class PipelineJob:
         return ray.get(self.stages[stage].detach_fill.remote())
 
     def shutdown(self) -> list[dict | None]:
-        """End the job; returns each stage's fill checkpoint (or ``None``) so fill trials continue elsewhere."""
+        """End the job; returns each stage's fill checkpoint (or ``None``) so fill trials continue elsewhere
+        (and hands them to the placement service if the job is registered)."""
+        if self.service is not None:
+            ray.get(self.service.job_ending.remote(self.name))
         checkpoints = ray.get([s.shutdown.remote() for s in self.stages])
+        if self.service is not None:
+            slots = {f"{self.name}/{stage}": c for stage, c in enumerate(checkpoints)}
+            ray.get(self.service.job_ended.remote(self.name, slots))
         for actor in self.stages:
             ray.kill(actor)
         return checkpoints

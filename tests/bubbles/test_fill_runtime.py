@@ -8,6 +8,7 @@ import torch
 from hydro.bubbles import BubbleGate, FillAborted, FillSpec, FillTrial, one_f_one_b, simulate
 from hydro.bubbles.fill_process import FillProcess, FillProcessError
 from hydro.bubbles.schedule import Op, bubble_fraction
+from tests.bubbles.alone import train_alone
 
 SPEC = FillSpec(configs=[{"lr": 0.1, "momentum": 0.9}, {"lr": 0.02}, {"lr": 0.05, "momentum": 0.5}])
 
@@ -35,10 +36,7 @@ def _same(a: FillTrial, b: FillTrial) -> bool:
 
 
 def _alone(steps: int) -> FillTrial:
-    trial = FillTrial(SPEC)
-    for _ in range(steps):
-        trial.step()
-    return trial
+    return train_alone(SPEC, steps)
 
 
 def test_fill_paused_and_resumed_across_bubbles_trains_exactly_as_alone():

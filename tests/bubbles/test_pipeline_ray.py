@@ -4,8 +4,9 @@ import torch
 from torch import nn
 
 from hydro.bubbles import FillSpec, FillTrial, PipelineSpec
-from hydro.bubbles.host import FillTooLarge
+from hydro.bubbles.fill import FillTooLarge
 from hydro.bubbles.job import PipelineJob
+from tests.bubbles.alone import same_state, train_alone
 
 SPEC = PipelineSpec(width=128, depth=6, microbatches=4, microbatch_size=16)
 FILL = FillSpec(configs=[{"lr": 0.1, "momentum": 0.9}, {"lr": 0.02}])
@@ -16,18 +17,6 @@ def job(ray_cluster):
     job = PipelineJob(SPEC, num_stages=2, num_cpus_per_stage=0.5)  # leaves room for a second job
     job.profile(2)
     yield job
-
-
-def _alone(steps: int) -> FillTrial:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the stage processes run single-threaded kernels
-    try:
-        trial = FillTrial(FILL)
-        for _ in range(steps):
-            trial.step()
-        return trial
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run_until_filled(job: PipelineJob, stage: int) -> list[dict]:
@@ -75,9 +64,8 @@ def test_gated_fill_trains_exactly_as_alone_and_survives_detaching(job):
     assert "fill_steps" in reports[0] and "fill_steps" not in reports[1]  # stage 1 hosts nothing
     checkpoint = job.detach_fill(0)  # the stage leaves mid-fill: completed steps are kept
     done = checkpoint["completed_steps"]
-    alone = _alone(done)
-    state = checkpoint["model"]
-    assert all(torch.equal(state[k], v) for k, v in alone.model.state_dict().items())
+    alone = train_alone(FILL, done)
+    assert same_state(checkpoint["model"], alone)
     moved = FillTrial.from_checkpoint(checkpoint)  # continues elsewhere exactly
     for _ in range(3):
         moved.step()
@@ -100,5 +88,5 @@ def test_job_ending_mid_fill_hands_back_checkpoints(job):
     _run_until_filled(job, 1)
     checkpoints = job.shutdown()
     assert checkpoints[0] is None and checkpoints[1]["completed_steps"] > 0
-    alone = _alone(checkpoints[1]["completed_steps"])
-    assert all(torch.equal(checkpoints[1]["model"][k], v) for k, v in alone.model.state_dict().items())
+    alone = train_alone(FILL, checkpoints[1]["completed_steps"])
+    assert same_state(checkpoints[1]["model"], alone)

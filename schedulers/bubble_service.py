@@ -1,0 +1,115 @@
+"""The placement service: a named Ray actor around :class:`~schedulers.bubbles.BubblePlacement`.
+
+Pipeline jobs register their stages (bubble slots), dedicated workers register as dedicated slots, and fill
+trials (see :mod:`hydro.bubbles.trainable`) ask it where to run. It also keeps what a trial needs when its
+slot goes away: the checkpoint a pipeline job hands back when it ends, or the slot a late-stage trial was
+promoted to.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import ray
+
+from schedulers.bubbles import BubblePlacement, Slot, TrialNeeds
+
+SERVICE_NAME = "hydro-bubbles/placement"
+
+
+class PlacementService:
+    """Ray actor body. An assignment is ``{"slot", "host", "mode"}`` (``mode``: ``"gated"`` in a bubble,
+    ``"dedicated"`` on a worker of its own), or ``{"evicted": checkpoint}`` after the trial's job ended."""
+
+    def __init__(self, promote_rung: float = float("inf")) -> None:
+        self.policy = BubblePlacement(promote_rung)
+        self.assigned: dict[str, str] = {}  # trial -> slot it should run in
+        self.evicted: dict[str, dict | None] = {}  # trial -> checkpoint handed back by its ended job
+        self.needs: dict[str, TrialNeeds] = {}
+        self.ending: dict[str, dict[str, str]] = {}  # job shutting down -> {slot: trial}
+
+    def register_pipeline(self, job: str, stage_bubble_fractions: list[float], stage_free_bytes: list[int],
+                          hosts: list[str]) -> None:
+        self.policy.register_pipeline(job, stage_bubble_fractions, stage_free_bytes, hosts)
+
+    def add_dedicated(self, name: str, free_bytes: int, host: str) -> None:
+        self.policy.add_slot(Slot(name, True, free_bytes, host=host))
+
+    def place(self, trial_id: str, memory_bytes: int, rung: float = 0) -> dict | None:
+        """A slot for the trial (raises ``TrialTooLarge`` with the numbers), or ``None`` while all are busy."""
+        self.needs[trial_id] = TrialNeeds(trial_id, memory_bytes, rung)
+        self.evicted.pop(trial_id, None)
+        if trial_id in self.assigned:  # e.g. promoted while its job ended: it already has a slot
+            return self.assignment(trial_id)
+        slot = self.policy.place(self.needs[trial_id])
+        if slot is None:
+            return None
+        self.assigned[trial_id] = slot.name
+        return self.assignment(trial_id)
+
+    def assignment(self, trial_id: str) -> dict | None:
+        if trial_id in self.evicted:
+            return {"evicted": self.evicted[trial_id]}
+        slot = self.policy.slots.get(self.assigned.get(trial_id, ""))
+        if slot is None:
+            return None
+        return {"slot": slot.name, "host": slot.host, "mode": "dedicated" if slot.dedicated else "gated"}
+
+    def promote(self, trial_id: str, rung: float) -> str | None:
+        """The trial reached ``rung``: move it to a free dedicated slot if it is late-stage (returns the slot)."""
+        needs = self.needs.get(trial_id)
+        if needs is None or trial_id not in self.assigned:
+            return None
+        needs.rung = rung
+        target = self.policy.promote(needs, keep_current=True)
+        if target is None:
+            return None
+        self.assigned[trial_id] = target.name
+        return target.name
+
+    def left(self, slot_name: str) -> None:
+        """A trial has detached from ``slot_name`` after being moved."""
+        self.policy.vacate(slot_name)
+
+    def job_ending(self, job: str) -> None:
+        """``job`` is shutting down: no more placements on its stages; its trials wait for :meth:`job_ended`."""
+        self.ending[job] = {s.name: s.trial for s in self.policy.slots.values() if s.job == job and s.trial}
+        self.policy.remove_job(job)
+
+    def job_ended(self, job: str, checkpoints: dict[str, dict | None]) -> None:
+        """``job``'s stages are gone; their trials get the checkpoints (by slot name) to continue elsewhere."""
+        if job not in self.ending:
+            self.job_ending(job)
+        for slot_name, trial in self.ending.pop(job).items():
+            self.evicted[trial] = checkpoints.get(slot_name)
+            if self.assigned.get(trial) == slot_name:
+                del self.assigned[trial]
+
+    def slot_lost(self, slot_name: str) -> None:
+        """The host of ``slot_name`` died: drop its slot (a pipeline job with a dead stage: all its slots);
+        trials there continue elsewhere from what they have."""
+        slot = self.policy.slots.get(slot_name)
+        if slot is None:
+            return
+        if slot.job is not None:
+            self.job_ended(slot.job, {})
+        else:
+            del self.policy.slots[slot_name]
+            if slot.trial is not None:
+                self.evicted[slot.trial] = None
+                self.assigned.pop(slot.trial, None)
+
+    def release(self, trial_id: str) -> None:
+        """The trial is finished: free its slots."""
+        self.policy.release(trial_id)
+        self.assigned.pop(trial_id, None)
+        self.evicted.pop(trial_id, None)
+        self.needs.pop(trial_id, None)
+
+    def slots(self) -> list[dict]:
+        return [asdict(s) for s in self.policy.slots.values()]
+
+
+def placement_service(promote_rung: float = float("inf")):
+    """The run's placement service (created on first use; later calls get the same actor)."""
+    return ray.remote(num_cpus=0)(PlacementService).options(
+        name=SERVICE_NAME, get_if_exists=True).remote(promote_rung)
