@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -44,12 +45,30 @@ class FusionPlan:
 
 def plan_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, Tensor], loss_fn: Callable, *,
                 max_members: int = 64, memory_budget_bytes: int | None = None, device: str | torch.device | None = None,
-                steps: int = 3, tolerance: float = 0.05) -> FusionPlan:
+                steps: int = 3, tolerance: float = 0.05, threads: int | None = None) -> FusionPlan:
     """Measure fused training of ``model_factory()`` members on ``batch`` (inputs, targets) and pick F.
 
     ``max_members`` caps F (e.g. the number of configurations to run); ``memory_budget_bytes`` defaults to
-    90% of free CUDA memory, or half of the available RAM on CPU.
+    90% of free CUDA memory, or half of the available RAM on CPU. ``threads``: torch CPU threads to measure
+    with, as many as the training will have (default: this process's setting).
     """
+    with _torch_threads(threads):
+        return _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, device, steps, tolerance)
+
+
+@contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op CPU threads set to ``threads`` inside the block (``None``: unchanged)."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, device, steps, tolerance) -> FusionPlan:
     if max_members < 1:
         raise ValueError(f"max_members must be >= 1, got {max_members}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

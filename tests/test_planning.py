@@ -1,5 +1,6 @@
 """plan_fusion measures real training and respects the memory budget."""
 import pytest
+import torch
 from torch import nn
 
 from hydro.examples.data import digits
@@ -23,6 +24,21 @@ def test_plan_measures_each_count_and_picks_a_measured_one(batch):
     best = max(m.samples_per_s for m in plan.measurements)
     chosen = next(m for m in plan.measurements if m.num_members == plan.num_members)
     assert chosen.samples_per_s >= 0.95 * best
+
+
+def test_plan_measures_with_the_trials_threads_and_restores_the_setting(batch):
+    seen, before = [], torch.get_num_threads()
+
+    def factory():
+        seen.append(torch.get_num_threads())
+        return MLP()
+
+    torch.set_num_threads(2)
+    try:
+        plan_fusion(factory, batch, nn.CrossEntropyLoss(), max_members=2, steps=1, threads=1)
+        assert set(seen) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_memory_budget_limits_the_fusion_count(batch):

@@ -54,6 +54,16 @@ def fused_linear(x: Tensor, weight: Tensor, bias: Tensor | None, *, shared: bool
                      None if bias is None else bias.reshape(-1))
         return y.unflatten(-1, (members, out_features)).movedim(-2, 0)
     flat = x.reshape(members, -1, in_features)
+    if in_features * out_features > flat.shape[1] * (in_features + out_features):
+        # Weights larger than the member's batch of activations: compute y^T = weight @ x^T, whose weight
+        # gradient autograd returns in the weight's own [F, out, in] layout (x @ weight^T returns it
+        # transposed, and accumulating it costs a cache-unfriendly strided copy of every weight per step).
+        # The output is then a transposed (feature-major) view.
+        if bias is None:
+            y = torch.bmm(weight, flat.transpose(1, 2))
+        else:
+            y = torch.baddbmm(bias.unsqueeze(2), weight, flat.transpose(1, 2))
+        return y.transpose(1, 2).view(members, *x.shape[1:-1], out_features)
     if bias is None:
         y = torch.bmm(flat, weight.transpose(1, 2))
     else:

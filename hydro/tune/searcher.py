@@ -9,6 +9,7 @@ hyperparameters transfer); the run's best result is the target's.
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
 import pickle
@@ -23,9 +24,9 @@ from ray.tune.search.sample import Domain
 from hydro.planning import plan_fusion
 from hydro.tune.decisions import start_service
 from hydro.tune.random_search import RandomSearch
-from hydro.tune.spec import TuneSpec
-from hydro.tune.surrogate import build_member
 from hydro.tune.session import MEMBERS_KEY
+from hydro.tune.spec import Batch, TuneSpec
+from hydro.tune.surrogate import build_member
 from hydro.tune.trial_config import SURROGATE, TARGET, TrialPlan
 from schedulers.member_stopping import MemberStopping
 
@@ -41,12 +42,16 @@ class HydroSearcher(Searcher):
     most ``max_fusion``). ``scheduler``: a Ray scheduler (e.g. ``ASHAScheduler(max_t=..., grace_period=1)``)
     that decides per member; leave its metric/mode unset. ``transfer_fraction``: fraction of members that
     must have finished before the full-size target trial starts (``None``: no target). Use it with
-    ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials.
+    ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials. ``data``: the
+    ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when needed).
+    ``trial_cpus``: CPUs (torch threads) each trial trains with (Tune's default: 1); ``plan_fusion`` measures
+    with as many.
     """
 
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int = 1,
                  fusion: int | str = "auto", max_fusion: int = 64, scheduler: TrialScheduler | None = None,
-                 transfer_fraction: float | None = 1.0, seed: int | None = None) -> None:
+                 transfer_fraction: float | None = 1.0, seed: int | None = None,
+                 data: tuple[Batch, Batch] | None = None, trial_cpus: int = 1) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if num_samples < 1:
             raise ValueError(f"num_samples (member configurations) must be >= 1, got {num_samples}")
@@ -56,6 +61,9 @@ class HydroSearcher(Searcher):
             raise ValueError(f"transfer_fraction must be in (0, 1] or None, got {transfer_fraction}")
         self.spec, self.num_samples, self.scale, self.fusion = spec, num_samples, scale, fusion
         self.max_fusion, self.transfer_fraction = max_fusion, transfer_fraction
+        if trial_cpus < 1:
+            raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
+        self._data, self.trial_cpus = data, trial_cpus
         self.inner = searcher if searcher is not None else RandomSearch(seed=seed)
         self._stopping = MemberStopping(scheduler, spec.metric, spec.mode) if scheduler is not None else None
         self._service_name = f"hydro-member-decisions-{uuid.uuid4().hex[:12]}"
@@ -113,7 +121,7 @@ class HydroSearcher(Searcher):
                 self._finish_member(member, self._last.get(member), error=error or member not in self._last)
 
     def save(self, checkpoint_path: str) -> None:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("spec", "inner", "_service")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("spec", "inner", "_service", "_data")}
         if self._service is not None:
             import ray
 
@@ -133,11 +141,12 @@ class HydroSearcher(Searcher):
                 f.write(state.pop("inner_state"))
             self.inner.restore(os.path.join(directory, "inner"))
         self.__dict__.update(state)
-        self._service = None
+        self._service, self._data = None, None
         self._ensure_service()  # restored trials look the service up as soon as they resume
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_service": None}  # actor handles belong to one Ray session
+        # actor handles belong to one Ray session; the data stays with the driver
+        return {**self.__dict__, "_service": None, "_data": None}
 
     # --- results ---------------------------------------------------------------------------------------
 
@@ -204,11 +213,15 @@ class HydroSearcher(Searcher):
         if self.fusion != "auto":
             return min(self.fusion, self.max_fusion)
         if key not in self._fusion_by_key:
-            train, _ = self.spec.load_data()
+            if self._data is None:
+                self._data = self.spec.load_data()
+            train, _ = self._data
             size = self.spec.batch_size_of(config)
-            plan = plan_fusion(lambda: build_member(self.spec.model, config, self.scale),
+            template = build_member(self.spec.model, config, self.scale)  # one shrink; plan_fusion only times
+            plan = plan_fusion(lambda: copy.deepcopy(template),             # steps, initial values do not matter
                                (train[0][:size], train[1][:size]), self.spec.loss,
-                               max_members=min(self.max_fusion, self.num_samples), steps=PLAN_STEPS)
+                               max_members=min(self.max_fusion, self.num_samples), steps=PLAN_STEPS,
+                               threads=self.trial_cpus)
             print(f"hydro: plan_fusion for group {key}: F={plan.num_members} ({plan.reason})")
             self._fusion_by_key[key] = plan.num_members
         return self._fusion_by_key[key]

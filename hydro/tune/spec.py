@@ -36,6 +36,8 @@ class TuneSpec:
     - ``fallback_unfused``: when the model cannot be fused (or the optimizer translated), train the members
       as independent models instead of raising (full size only; the trial reports ``fused: False``).
     - ``seed``: seeds every member's initialisation and the order of the training batches.
+    - ``checkpoint_every``: epochs between a trial's checkpoints (the last epoch always checkpoints); a
+      retried or restored trial replays at most ``checkpoint_every - 1`` epochs.
     """
 
     model: Callable[[Mapping], nn.Module]
@@ -51,12 +53,15 @@ class TuneSpec:
     leaf_modules: Sequence[type] = ()
     fallback_unfused: bool = False
     seed: int = 0
+    checkpoint_every: int = 5
 
     def __post_init__(self) -> None:
         if self.mode not in ("min", "max"):
             raise ValueError(f"TuneSpec.mode must be 'min' or 'max', got {self.mode!r}")
         if self.epochs < 1:
             raise ValueError(f"TuneSpec.epochs must be >= 1, got {self.epochs}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"TuneSpec.checkpoint_every must be >= 1 (epochs), got {self.checkpoint_every}")
         if self.metric not in self.metric_names():
             raise ValueError(f"TuneSpec.metric {self.metric!r} is not reported; the reported metrics are "
                              f"{self.metric_names()} (add it to TuneSpec.metrics)")

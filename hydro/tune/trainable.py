@@ -4,9 +4,10 @@ Surrogate trials (from a ``HydroSearcher``) train their members fused and shrunk
 run's member-decision service says which members stop, and those are sliced out with their state
 (``hydro.keep_members``). Target and plain trials train one full-size model with the user's own torch
 optimizer, except the target of a shrunk (µP) run: ``hydro.shrink(model, 1)`` with the translated
-``hydro.optim`` optimizer, which applies the µP multipliers. Every epoch ends with a checkpoint: member
-weights, optimizer state, surviving member ids, epoch and RNG states, so a retried or restored trial
-resumes where it was.
+``hydro.optim`` optimizer, which applies the µP multipliers. Every ``TuneSpec.checkpoint_every`` epochs, and after the
+last, a checkpoint holds member weights, optimizer state, surviving member ids, epoch and RNG states, so a
+retried or restored trial resumes from there: it replays the epochs after it exactly (same batches,
+same decisions), and the searcher keeps the first report of each member's epoch.
 """
 from __future__ import annotations
 
@@ -20,26 +21,36 @@ from ray import tune
 from hydro.tune.epoch import evaluate, train_epoch
 from hydro.tune.members import build_members
 from hydro.tune.session import MemberSession
-from hydro.tune.spec import TRAIN_LOSS, TuneSpec
+from hydro.tune.spec import TRAIN_LOSS, Batch, TuneSpec
 
 STATE_FILE = "hydro_trial.pt"
 
 
-def trainable(spec: TuneSpec) -> Callable[[dict], None]:
+def trainable(spec: TuneSpec, data: tuple[Batch, Batch] | None = None) -> Callable[[dict], None]:
     """A function trainable for ``tune.Tuner``/``tune.run``: Hydro trials when the config comes from a
-    ``HydroSearcher``, one plain full-size unfused training otherwise (the stock Ray Tune baseline)."""
+    ``HydroSearcher``, one plain full-size unfused training otherwise (the stock Ray Tune baseline).
 
-    def hydro_trial(config: dict) -> None:
-        run_trial(spec, config)
+    ``data``: ``spec.load_data()`` already loaded by the driver; it is put in Ray's object store once
+    (``tune.with_parameters``, so Ray must be initialised) instead of every trial loading it. Without it,
+    each trial calls ``spec.load_data()``."""
+    if data is None:
+        def hydro_trial(config: dict) -> None:
+            run_trial(spec, config)
 
-    return hydro_trial
+        return hydro_trial
+
+    def hydro_trial(config: dict, data: tuple[Batch, Batch]) -> None:  # the same name: restorable either way
+        run_trial(spec, config, data)
+
+    return tune.with_parameters(hydro_trial, data=data)
 
 
-def run_trial(spec: TuneSpec, config: dict) -> None:
-    """Train the trial described by ``config`` (see :mod:`hydro.tune.trial_config`) for ``spec.epochs``."""
+def run_trial(spec: TuneSpec, config: dict, data: tuple[Batch, Batch] | None = None) -> None:
+    """Train the trial described by ``config`` (see :mod:`hydro.tune.trial_config`) for ``spec.epochs`` on
+    ``data`` (default: ``spec.load_data()``)."""
     state = _restored_state()
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None)
-    train, val = spec.load_data()
+    train, val = data if data is not None else spec.load_data()
     batch_size = spec.batch_size_of(session.configs[0])
     members, fallback = build_members(spec, session.configs, session.member_ids, session.scale,
                                       fuse=session.plan.fused, mup=session.mup)
@@ -59,11 +70,14 @@ def run_trial(spec: TuneSpec, config: dict) -> None:
                             extra={"fused": members.fused})
         if keep and len(keep) < len(members.member_ids):
             members.keep(keep)
-        with tempfile.TemporaryDirectory() as directory:
-            torch.save({"member_ids": members.member_ids, "members": members.state_dict(), "epoch": epoch,
-                        "data_rng": data_rng.get_state(), "torch_rng": torch.get_rng_state()},
-                       os.path.join(directory, STATE_FILE))
-            session.report(checkpoint=tune.Checkpoint.from_directory(directory))
+        if keep and epoch % spec.checkpoint_every:  # keep is empty after the trial's last epoch
+            session.report()
+        else:
+            with tempfile.TemporaryDirectory() as directory:
+                torch.save({"member_ids": members.member_ids, "members": members.state_dict(), "epoch": epoch,
+                            "data_rng": data_rng.get_state(), "torch_rng": torch.get_rng_state()},
+                           os.path.join(directory, STATE_FILE))
+                session.report(checkpoint=tune.Checkpoint.from_directory(directory))
         if not keep:
             return
 

@@ -143,7 +143,7 @@ class KillWorkerOnce(tune.Callback):
 
 
 def test_sigkilled_trial_worker_resumes_from_checkpoint_without_losing_members(ray_cluster, tmp_path):
-    workload = spec(epochs=3)
+    workload = spec(epochs=3, checkpoint_every=1)
     searcher = HydroSearcher(workload, num_samples=4, fusion=2, seed=0)
     killer = KillWorkerOnce()
     results = tuner(workload, searcher, tmp_path, "sigkill", [killer], max_failures=1).fit()
@@ -155,3 +155,33 @@ def test_sigkilled_trial_worker_resumes_from_checkpoint_without_losing_members(r
     killed = next(r for r in results if r.metrics["trial_id"] == killer.killed)
     epochs = killed.metrics_dataframe["epoch"].tolist()
     assert epochs[-1] == 3 and epochs.count(1) == 1  # resumed after epoch 1, not from scratch
+
+
+class KillWorkerAfterEpoch(tune.Callback):
+    """SIGKILLs the worker of the first fused trial once, when it reports ``epoch``."""
+
+    def __init__(self, epoch):
+        self.epoch, self.killed = epoch, None
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.killed is None and result.get("hydro_kind") == "surrogate" and result["epoch"] == self.epoch:
+            self.killed = trial.trial_id
+            os.kill(result["pid"], signal.SIGKILL)
+
+
+def test_worker_killed_between_checkpoints_replays_epochs_exactly(ray_cluster, tmp_path):
+    workload = spec(epochs=4, checkpoint_every=2)
+    searcher = HydroSearcher(workload, num_samples=4, fusion=2, seed=0,
+                             scheduler=ASHAScheduler(max_t=4, grace_period=1, reduction_factor=2))
+    killer = KillWorkerAfterEpoch(3)
+    results = tuner(workload, searcher, tmp_path, "between", [killer], max_failures=1).fit()
+    assert killer.killed is not None and not results.errors
+    members = surrogates(member_table(results, workload))
+    assert sorted(members["member"]) == [f"m{i:05d}" for i in range(4)]
+    assert ((members["epochs"] == 4) | members["stop_epoch"].notna()).all() and members["val_acc"].notna().all()
+    killed = next(r for r in results if r.metrics["trial_id"] == killer.killed)
+    frame = killed.metrics_dataframe
+    assert frame["epoch"].tolist() == [1, 2, 3, 3, 4]  # resumed from the epoch-2 checkpoint, epoch 3 replayed
+    first, replayed = (row for _, row in frame[frame["epoch"] == 3].iterrows())
+    values = [c for c in frame.columns if c.startswith("members/") and c.endswith("/val_acc")]
+    assert first[values].notna().any() and first[values].equals(replayed[values])  # bit-identical replay
