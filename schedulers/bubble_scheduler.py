@@ -16,6 +16,9 @@ from schedulers.bubble_service import SERVICE_NAME
 
 
 class BubbleScheduler(TrialScheduler):
+    """``base`` decides (FIFO if ``None``); results it lets continue report ``result[time_attr]`` to the
+    placement service (promotion), and trials it stops, or that fail, have their fill trials stopped."""
+
     def __init__(self, base: TrialScheduler | None = None, time_attr: str = "completed_steps") -> None:
         super().__init__()
         self.base = base or FIFOScheduler()
@@ -29,12 +32,15 @@ class BubbleScheduler(TrialScheduler):
 
     def on_trial_error(self, tune_controller, trial: Trial) -> None:
         self.base.on_trial_error(tune_controller, trial)
+        _stop(trial)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         decision = self.base.on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.CONTINUE and self.time_attr in result:
             service = ray.get_actor(SERVICE_NAME)
             ray.get(service.promote.remote(trial.trial_id, result[self.time_attr]))
+        elif decision == TrialScheduler.STOP:  # Tune ends the proxy; its fill trial on a host must end too
+            _stop(trial)
         return decision
 
     def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
@@ -42,6 +48,7 @@ class BubbleScheduler(TrialScheduler):
 
     def on_trial_remove(self, tune_controller, trial: Trial) -> None:
         self.base.on_trial_remove(tune_controller, trial)
+        _stop(trial)
 
     def choose_trial_to_run(self, tune_controller) -> Trial | None:
         return self.base.choose_trial_to_run(tune_controller)
@@ -54,3 +61,7 @@ class BubbleScheduler(TrialScheduler):
 
     def restore(self, checkpoint_path: str) -> None:
         self.base.restore(checkpoint_path)
+
+
+def _stop(trial: Trial) -> None:
+    ray.get(ray.get_actor(SERVICE_NAME).stop_trial.remote(trial.trial_id))

@@ -98,6 +98,13 @@ class PlacementService:
                 self.evicted[slot.trial] = None
                 self.assigned.pop(slot.trial, None)
 
+    def stop_trial(self, trial_id: str) -> None:
+        """Tune stopped the trial (e.g. an early-stopping decision): stop its fill trial on every host it
+        occupies and free its slots."""
+        hosts = [s.host for s in self.policy.slots.values() if s.trial == trial_id and s.host is not None]
+        ray.get([ray.get_actor(host).detach_fill.remote() for host in hosts])
+        self.release(trial_id)
+
     def release(self, trial_id: str) -> None:
         """The trial is finished: free its slots."""
         self.policy.release(trial_id)

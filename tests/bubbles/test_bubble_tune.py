@@ -8,6 +8,7 @@ import pytest
 import ray
 import torch
 from ray import tune
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from hydro.bubbles import FillSpec, PipelineSpec
 from hydro.bubbles.host import start_dedicated_hosts
@@ -108,3 +109,25 @@ def test_a_pipeline_job_ending_mid_trial_loses_no_state(cluster, tmp_path):
     ender.join()
     slots = _check_exact(results[0])
     assert slots[0].startswith("ending/") and slots[-1] == "dedicated/0"
+
+
+class StopOneGroup(FIFOScheduler):
+    """Stops the trial of the group whose first member has lr 0.05 at its first result."""
+
+    def on_trial_result(self, tune_controller, trial, result):
+        stop = trial.config["members"][0]["lr"] == 0.05
+        return TrialScheduler.STOP if stop else TrialScheduler.CONTINUE
+
+
+def test_a_trial_stopped_by_the_scheduler_leaves_no_fill_behind(cluster, tmp_path):
+    job = RunningJob(cluster, "stopping")
+    try:
+        results = _tune(tmp_path, "stopping", GROUPS, BubbleScheduler(StopOneGroup()))
+        stopped = next(r for r in results if r.config["members"][0]["lr"] == 0.05)
+        assert stopped.metrics["completed_steps"] == EVERY  # stopped at its first report
+        _check_exact(next(r for r in results if r is not stopped))
+        assert all(s["trial"] is None for s in ray.get(cluster.slots.remote()))
+        hosts = [*job.job.stages, ray.get_actor("hydro-bubbles/dedicated/0")]
+        assert ray.get([h.fill_status.remote() for h in hosts]) == [None] * 3
+    finally:
+        job.end()
