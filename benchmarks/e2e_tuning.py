@@ -12,6 +12,7 @@ accuracy reported (for Hydro runs this repeats the run's own target trial: ``in_
 same number). Prints a table and writes JSON to ``benchmarks/results/e2e_tuning.json``.
 
     python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 15] [--hidden 1024] [--scheduler none|asha]
+                                    [--runs abcd]
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def main() -> int:
     parser.add_argument("--scheduler", choices=["none", "asha"], default="none")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="16 configurations, 3 epochs, width 256")
+    parser.add_argument("--runs", default="abcd", help="which runs, e.g. 'acd' ((a) is the reference: always run)")
     parser.add_argument("--storage", default="/tmp/hydro_e2e")
     args = parser.parse_args()
     if args.quick:
@@ -76,6 +78,7 @@ def main() -> int:
                  lambda: hydro_run(spec, space, tpe_scale, optuna_tpe(args.seed), scheduler(), hydro_options,
                                    args, "d")))
     rows = []
+    runs = [r for r in runs if r[0][1] in "a" + args.runs]
     for name, scale, run in runs:
         print(f"\n=== {name}", flush=True)
         start = time.perf_counter()
@@ -146,7 +149,7 @@ def report(rows: list[dict], spec: TuneSpec, args) -> None:
         print(f"{row['run']:<42} {row['wall_s']:7.0f} {row['speedup_vs_a']:8.2f}x {row['in_run_best']:11.4f} "
               f"{row[metric]:15.4f} {row['relative_to_a']:+10.2%}  {config}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "e2e_tuning.json"
+    out = RESULTS / ("e2e_tuning.json" if args.hidden == 1024 else f"e2e_tuning_hidden{args.hidden}.json")
     out.write_text(json.dumps({"args": vars(args), "python": sys.version.split()[0], "torch": torch.__version__,
                                "ray": ray.__version__, "machine": platform.machine(), "rows": rows},
                               indent=2, default=str))
