@@ -4,8 +4,8 @@ N configurations of SGD (lr, momentum, weight decay) for a 64-1024-1024-10 MLP o
 drawn once (random search, fixed seed) and tuned by
   (a) stock Ray Tune: one full-size, unfused trial per configuration (BasicVariantGenerator replaying them);
   (b) Hydro, fusion only (S=1): HydroSearcher with the same configurations in fused trials;
-  (c) Hydro, S=8 + fusion (needs the Model Shrinker, ``hydro.shrink``; skipped with a message without it);
-  (d) Hydro with Optuna TPE as the inner searcher (N suggestions of its own; S=8 when available, else 1).
+  (c) Hydro, S=8 + fusion;
+  (d) Hydro with Optuna TPE as the inner searcher (N suggestions of its own; S=8).
 All runs allow the same number of concurrent trials (``--concurrency``, default 2 = the cores). Each run's
 best configuration is then trained at full size with one fixed seed (the "target"), and its validation
 accuracy reported (for Hydro runs this repeats the run's own target trial: ``in_run_best`` is the
@@ -29,7 +29,6 @@ import torch
 from ray import tune
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
-import hydro
 from hydro.tune import TuneSpec, best_configuration, trainable
 from hydro.tune.epoch import evaluate, train_epoch
 from hydro.tune.examples import digits_mlp
@@ -68,15 +67,10 @@ def main() -> int:
     runs = [("(a) stock Ray Tune, full size, unfused", 1, lambda: stock(spec, space, configs, args, scheduler())),
             ("(b) Hydro fusion only (S=1)", 1, lambda: hydro_run(spec, space, 1, None, scheduler(), hydro_options,
                                                                  args, "b", configs))]
-    if hasattr(hydro, "shrink"):
-        runs.append(("(c) Hydro S=8 + fusion", 8, lambda: hydro_run(spec, space, 8, None, scheduler(),
-                                                                    hydro_options, args, "c", configs)))
-    else:
-        print("(c) skipped: hydro.shrink (the Model Shrinker) is not in this installation; S=8 needs it")
-    tpe_scale = 8 if hasattr(hydro, "shrink") else 1
-    runs.append((f"(d) Hydro + Optuna TPE (S={tpe_scale})", tpe_scale,
-                 lambda: hydro_run(spec, space, tpe_scale, optuna_tpe(args.seed), scheduler(), hydro_options,
-                                   args, "d")))
+    runs.append(("(c) Hydro S=8 + fusion", 8, lambda: hydro_run(spec, space, 8, None, scheduler(),
+                                                                hydro_options, args, "c", configs)))
+    runs.append(("(d) Hydro + Optuna TPE (S=8)", 8,
+                 lambda: hydro_run(spec, space, 8, optuna_tpe(args.seed), scheduler(), hydro_options, args, "d")))
     rows = []
     runs = [r for r in runs if r[0][1] in "a" + args.runs]
     for name, scale, run in runs:

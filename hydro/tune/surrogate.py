@@ -5,6 +5,8 @@ from collections.abc import Callable, Mapping
 
 from torch import nn
 
+from hydro.shrink import shrink
+
 
 def build_member(model_factory: Callable[[Mapping], nn.Module], config: Mapping, scale: int,
                  mup: bool | None = None) -> nn.Module:
@@ -18,10 +20,4 @@ def build_member(model_factory: Callable[[Mapping], nn.Module], config: Mapping,
         if scale != 1:
             raise ValueError(f"scale={scale} shrinks the model, which needs µP (mup=True)")
         return model
-    import hydro
-
-    shrink = getattr(hydro, "shrink", None)
-    if shrink is None:
-        raise RuntimeError(f"scale={scale} needs the Model Shrinker (hydro.shrink), which this installation of "
-                           "Hydro does not have; use scale=1 (fusion only)")
     return shrink(model, scale)

@@ -87,18 +87,23 @@ def test_gate_blocks_outside_bubbles_and_respects_the_predicted_length():
         gate.wait_for(0.0)
 
 
+def _bubbles_until(gate: BubbleGate, done, tries: int = 5000) -> None:
+    """Open 10 ms bubbles, one after another, until ``done()``."""
+    for _ in range(tries):
+        if done():
+            return
+        gate.bubble_started(0, 0.01, 0)
+        time.sleep(0.01)
+        gate.bubble_ended(0)
+
+
 def test_stopping_mid_step_keeps_every_completed_step_and_resumes_exactly():
     gate = BubbleGate()
     trial = FillTrial(SPEC, gate)
     finished = []
     trainer = threading.Thread(target=lambda: finished.append(trial.train(100)))
     trainer.start()
-    for _ in range(2000):
-        if trial.completed_steps >= 3:
-            break
-        gate.bubble_started(0, 0.01, 0)
-        time.sleep(0.01)
-        gate.bubble_ended(0)
+    _bubbles_until(gate, lambda: trial.completed_steps >= 3)
     gate.abort()  # aborts the step in flight at a layer boundary
     trainer.join()
     assert finished == [False]
@@ -115,12 +120,7 @@ def test_fill_process_trains_exactly_as_alone_and_snapshots_at_step_boundaries()
     gate = BubbleGate()
     fill = FillProcess(gate, None, spec=SPEC, steps=100, idle=False, snapshot_every=2)
     assert fill.num_members == 3
-    for _ in range(5000):
-        if fill.completed_steps >= 4:
-            break
-        gate.bubble_started(0, 0.01, 0)
-        time.sleep(0.01)
-        gate.bubble_ended(0)
+    _bubbles_until(gate, lambda: fill.completed_steps >= 4)
     status = fill.status()
     snapshot = status["snapshot"]
     assert snapshot["completed_steps"] % 2 == 0 and snapshot["completed_steps"] >= 2

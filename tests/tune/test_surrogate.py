@@ -20,13 +20,6 @@ def test_scale_one_is_the_users_model_and_bad_scales_fail():
         build_member(factory, {}, 8, mup=False)
 
 
-@pytest.mark.skipif(hasattr(hydro, "shrink"), reason="hydro.shrink is present")
-def test_scale_above_one_without_the_shrinker_names_it():
-    with pytest.raises(RuntimeError, match="hydro.shrink"):
-        build_member(factory, {}, 8)
-
-
-@pytest.mark.skipif(not hasattr(hydro, "shrink"), reason="needs the Model Shrinker (hydro.shrink)")
 def test_scale_eight_builds_a_narrower_fusable_surrogate():
     full = build_member(factory, {}, 1)
     small = build_member(factory, {}, 8)
