@@ -62,9 +62,9 @@ def randn(*shape):
 LAYERS = {
     "linear": (lambda: nn.Linear(6, 5), randn(4, 6)),
     "linear_3d_nobias": (lambda: nn.Linear(6, 5, bias=False), randn(4, 2, 6)),
-    # weights larger than the batch's activations: computed weight-major (y^T = W x^T)
-    "linear_wide": (lambda: nn.Linear(24, 20), randn(3, 24)),
-    "linear_wide_3d_nobias": (lambda: nn.Linear(24, 20, bias=False), randn(2, 2, 24)),
+    # weights >= WEIGHT_MAJOR_RATIO x the batch's activations: computed weight-major (y^T = W x^T)
+    "linear_wide": (lambda: nn.Linear(40, 32), randn(2, 40)),
+    "linear_wide_3d_nobias": (lambda: nn.Linear(40, 32, bias=False), randn(2, 2, 40)),
     "conv1d": (lambda: nn.Conv1d(3, 4, 3, padding=1), randn(4, 3, 10)),
     "conv2d": (lambda: nn.Conv2d(3, 4, 3, stride=2, padding=1), randn(2, 3, 8, 8)),
     "conv2d_grouped_reflect": (lambda: nn.Conv2d(4, 6, 3, groups=2, padding=1, padding_mode="reflect"),
