@@ -135,8 +135,8 @@ class FillTrial:
         """Everything needed to continue elsewhere (a copy): spec, completed steps, last per-member losses, weights,
         optimizer state."""
         return copy.deepcopy({"spec": self.spec, "completed_steps": self.completed_steps,
-                              "member_ids": self.model.member_ids, "losses": self.last_losses, "model": self.model.state_dict(),
-                              "optimizer": self.optimizer.state_dict()})
+                              "member_ids": self.model.member_ids, "losses": self.last_losses,
+                              "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
 
     @classmethod
     def from_checkpoint(cls, checkpoint: dict, gate: BubbleGate | None = None) -> "FillTrial":

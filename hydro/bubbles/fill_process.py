@@ -71,7 +71,8 @@ class FillProcess:
         return self._request("status")
 
     def stop(self) -> dict:
-        """Stop at the next layer boundary (the step in flight is dropped); returns the trial's checkpoint."""
+        """Stop at the next layer boundary (the step in flight is dropped); returns the trial's checkpoint,
+        with ``snapshot_losses`` as in :meth:`status`."""
         self.gate.abort()
         checkpoint = self._request("stop")
         self._process.join()
@@ -134,14 +135,17 @@ def _child_main(spec, checkpoint, memory_budget_bytes, gate, cpus, idle, steps, 
     trainer.start()
     send("ok", trial.num_members)
     while True:
-        command = conn.recv()
+        try:
+            command = conn.recv()
+        except EOFError:  # the host process died: nothing can use this trial any more
+            os._exit(0)
         if command == "stop":
             trainer.join()
         if failure:
             send("error", failure[0])
             return
         if command == "stop":
-            send("ok", trial.checkpoint())
+            send("ok", {**trial.checkpoint(), "snapshot_losses": snapshot_losses})
             return
         send("ok", {"completed_steps": trial.completed_steps, "member_ids": trial.model.member_ids,
                           "losses": trial.last_losses, "activity": list(trial.activity), "snapshot": snapshot[0],

@@ -4,8 +4,8 @@ Each stage actor joins a gloo (CPU) or NCCL (GPU) process group, runs 1F1B itera
 (:class:`~hydro.bubbles.stage.PipelineStage`) and reports its operations and bubbles. ``attach_fill``
 co-locates a fused fill trial with the stage, in a process of its own on the stage's core
 (:class:`~hydro.bubbles.fill_process.FillProcess`): ``mode="gated"`` runs it only inside bubbles, layer by
-layer, under ``SCHED_IDLE``; ``mode="naive"`` lets it run alongside at normal priority (for contrast). Stage actors are named
-``hydro-bubbles/<job>/<stage>`` so a placement policy can find them.
+layer, under ``SCHED_IDLE``; ``mode="naive"`` lets it run alongside at normal priority (for contrast).
+Stage actors are named ``hydro-bubbles/<job>/<stage>`` so a placement policy can find them.
 """
 from __future__ import annotations
 

@@ -83,13 +83,13 @@ def _follow(host, service, trial_id: str, slot: dict, last: dict | None, reporte
             return last, reported
         if status is not None:
             snapshot = status["snapshot"]
-            if snapshot is not None and snapshot["completed_steps"] > reported:
-                for done, losses in status["snapshot_losses"]:  # every report point, the checkpoint with the last
-                    if reported < done < snapshot["completed_steps"]:
-                        _report({**snapshot, "completed_steps": done, "losses": losses}, slot["slot"], None)
+            if snapshot is not None and snapshot["completed_steps"] > reported:  # every report point, once
+                done = snapshot["completed_steps"]
+                reported = _catch_up(snapshot, status["snapshot_losses"], slot, reported, done - 1)
                 last, reported = snapshot, _report(snapshot, slot["slot"], snapshot)
             if status["completed_steps"] >= steps:
                 final = ray.get(host.detach_fill.remote())
+                reported = _catch_up(final, final["snapshot_losses"], slot, reported, final["completed_steps"] - 1)
                 if final["completed_steps"] > reported:
                     reported = _report(final, slot["slot"], final)
                 return final, reported
@@ -101,11 +101,26 @@ def _follow(host, service, trial_id: str, slot: dict, last: dict | None, reporte
                     state = ray.get(host.detach_fill.remote())
                 except ray.exceptions.RayActorError:
                     pass
-            return (state or last), reported
+            return _moved(state, last, slot, reported)
         if where is not None and where["slot"] != slot["slot"]:  # promoted to a dedicated worker
             moved = ray.get(host.detach_fill.remote())
             service.left.remote(slot["slot"])
-            return (moved or last), reported
+            return _moved(moved, last, slot, reported)
+
+
+def _moved(state: dict | None, last: dict | None, slot: dict, reported: int) -> tuple[dict | None, int]:
+    """Leaving ``slot`` with ``state`` (exact, with its report points) or else the last reported snapshot."""
+    if state is None:
+        return last, reported
+    return state, _catch_up(state, state["snapshot_losses"], slot, reported, state["completed_steps"])
+
+
+def _catch_up(state: dict, points: list[tuple[int, list[float]]], slot: dict, reported: int, through: int) -> int:
+    """Report the report points (steps, per-member losses) after ``reported`` up to ``through`` steps."""
+    for done, losses in points:
+        if reported < done <= through:
+            reported = _report({**state, "completed_steps": done, "losses": losses}, slot["slot"], None)
+    return reported
 
 
 def _report(point: dict, slot: str, checkpoint: dict | None) -> int:

@@ -40,3 +40,27 @@ def test_job_end_hands_back_its_trials_and_too_large_trials_are_refused(placemen
     assert set(placement.slots) == {"gpu-7"}
     with pytest.raises(TrialTooLarge, match=r"needs 10240.0 MiB; the largest slot can spare 8192.0 MiB"):
         placement.place(TrialNeeds("huge", 10240 * MiB))
+
+
+def test_the_placement_service_hands_back_checkpoints_of_ended_jobs_and_drops_lost_hosts():
+    from schedulers.bubble_service import PlacementService
+
+    service = PlacementService(promote_rung=2)
+    service.register_pipeline("llm", [0.2, 0.3], [64 * MiB, 64 * MiB], ["host/0", "host/1"])
+    service.add_dedicated("gpu-7", 512 * MiB, "host/gpu-7")
+    assert service.place("a", MiB) == {"slot": "llm/1", "host": "host/1", "mode": "gated"}
+    assert service.place("b", MiB)["slot"] == "llm/0"
+    # b is promoted while still running in its bubble: its old slot stays taken until it has left.
+    assert service.promote("b", rung=2) == "gpu-7" and service.assignment("b")["mode"] == "dedicated"
+    assert service.place("c", MiB) is None
+    service.left("llm/0")
+    assert service.place("c", MiB)["slot"] == "llm/0"
+    service.job_ending("llm")  # no new placements on the ending job; its trials wait for the hand-back
+    assert service.assignment("a") is None and service.place("d", MiB) is None
+    service.job_ended("llm", {"llm/1": {"completed_steps": 7}, "llm/0": None})
+    assert service.assignment("a") == {"evicted": {"completed_steps": 7}}
+    assert service.assignment("c") == {"evicted": None}  # nothing handed back: it uses its last report
+    service.release("b")
+    assert service.place("a", MiB)["slot"] == "gpu-7"  # placed again: moved to the free dedicated slot
+    service.slot_lost("gpu-7")  # its host died
+    assert service.assignment("a") == {"evicted": None} and service.slots() == []
