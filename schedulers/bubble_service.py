@@ -60,7 +60,7 @@ class PlacementService:
         if needs is None or trial_id not in self.assigned:
             return None
         needs.rung = rung
-        target = self.policy.promote(needs, keep_current=True)
+        target = self.policy.promote(needs)
         if target is None:
             return None
         self.assigned[trial_id] = target.name

@@ -83,21 +83,17 @@ class BubblePlacement:
             if slot.trial == trial_id:
                 slot.trial = None
 
-    def promote(self, needs: TrialNeeds, keep_current: bool = False) -> Slot | None:
-        """A trial reached ``needs.rung``: if it is late-stage and runs in a bubble while a dedicated slot is
-        free, move it there (returns the new slot); otherwise ``None`` (it stays). ``keep_current``: the old
-        slot stays occupied until :meth:`vacate` (the trial is still leaving it)."""
-        current = next((s for s in self.slots.values() if s.trial == needs.trial_id and not s.dedicated), None)
-        if current is None or any(s.trial == needs.trial_id and s.dedicated for s in self.slots.values()) \
-                or needs.rung < self.promote_rung:
+    def promote(self, needs: TrialNeeds) -> Slot | None:
+        """A trial reached ``needs.rung``: if it is late-stage and runs only in a bubble while a dedicated slot
+        is free, give it that slot (returned); otherwise ``None`` (it stays). Its bubble slot stays occupied
+        until :meth:`vacate` (the trial is still leaving it)."""
+        held = [s for s in self.slots.values() if s.trial == needs.trial_id]
+        if needs.rung < self.promote_rung or not held or any(s.dedicated for s in held):
             return None
         target = next((s for s in self.slots.values() if s.dedicated and s.trial is None
                        and s.free_bytes >= needs.memory_bytes), None)
-        if target is None:
-            return None
-        target.trial = needs.trial_id
-        if not keep_current:
-            current.trial = None
+        if target is not None:
+            target.trial = needs.trial_id
         return target
 
     def vacate(self, slot_name: str) -> None:

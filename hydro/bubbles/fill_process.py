@@ -64,11 +64,15 @@ class FillProcess:
         """CPU seconds the trial has spent computing (inside bubbles when gated)."""
         return self._progress[_COMPUTE_S]
 
-    def status(self) -> dict:
-        """Completed steps, member ids, per-member losses of the last step, recent activity (wall-clock
-        ``(start, end)`` of fill units), the latest snapshot (a checkpoint, or ``None``) and ``snapshot_losses``:
-        ``(completed steps, per-member losses)`` at every snapshot so far."""
-        return self._request("status")
+    def status(self, since: int = 0) -> dict:
+        """Completed steps, member ids and per-member losses of the last step; ``snapshot``: the latest
+        snapshot (a checkpoint) if taken after ``since`` steps, else ``None``; ``snapshot_losses``:
+        ``(completed steps, per-member losses)`` of every snapshot after ``since`` steps."""
+        return self._request("status", since)
+
+    def activity(self) -> list[tuple[float, float]]:
+        """Wall-clock ``(start, end)`` of the trial's recent units of work (layers, loss, optimizer step)."""
+        return self._request("activity")
 
     def stop(self) -> dict:
         """Stop at the next layer boundary (the step in flight is dropped); returns the trial's checkpoint,
@@ -78,9 +82,9 @@ class FillProcess:
         self._process.join()
         return checkpoint
 
-    def _request(self, command: str):
+    def _request(self, command: str, argument: int = 0):
         with self._lock:
-            self._conn.send(command)
+            self._conn.send((command, argument))
             return self._answer()
 
     def _answer(self):
@@ -136,7 +140,7 @@ def _child_main(spec, checkpoint, memory_budget_bytes, gate, cpus, idle, steps, 
     send("ok", trial.num_members)
     while True:
         try:
-            command = conn.recv()
+            command, argument = conn.recv()
         except EOFError:  # the host process died: nothing can use this trial any more
             os._exit(0)
         if command == "stop":
@@ -147,6 +151,11 @@ def _child_main(spec, checkpoint, memory_budget_bytes, gate, cpus, idle, steps, 
         if command == "stop":
             send("ok", {**trial.checkpoint(), "snapshot_losses": snapshot_losses})
             return
+        if command == "activity":
+            send("ok", list(trial.activity))
+            continue
+        latest = snapshot[0]
         send("ok", {"completed_steps": trial.completed_steps, "member_ids": trial.model.member_ids,
-                          "losses": trial.last_losses, "activity": list(trial.activity), "snapshot": snapshot[0],
-                    "snapshot_losses": list(snapshot_losses)})
+                    "losses": trial.last_losses,
+                    "snapshot": latest if latest is not None and latest["completed_steps"] > argument else None,
+                    "snapshot_losses": [point for point in snapshot_losses if point[0] > argument]})

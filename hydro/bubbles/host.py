@@ -3,13 +3,14 @@
 A host runs at most one fill trial at a time, in a :class:`~hydro.bubbles.fill_process.FillProcess` on the
 host's cores, sized to the memory the host can spare. Nothing of the fill trial runs in the host's own
 process: torch.fx tracing (fusing) patches ``nn.Module.__call__`` process-wide and would break the modules
-a stage runs meanwhile. :class:`~hydro.bubbles.job.StageHost` gates it by
-the stage's bubbles; :class:`DedicatedHost` (a worker of its own) lets it run freely.
+a stage runs meanwhile. :class:`~hydro.bubbles.job.StageHost` gates it by the stage's bubbles;
+:class:`DedicatedHost` (a worker of its own) lets it run freely.
 """
 from __future__ import annotations
 
 import os
 import threading
+
 import ray
 
 from hydro.planning import free_memory_bytes
@@ -52,10 +53,10 @@ class FillHost:
             self._set_gate(gate)
             return self.fill.num_members
 
-    def fill_status(self) -> dict | None:
+    def fill_status(self, since: int = 0) -> dict | None:
         """The hosted fill trial's progress (see :meth:`FillProcess.status`), or ``None`` if there is none."""
         with self.fill_lock:
-            return None if self.fill is None else self.fill.status()
+            return None if self.fill is None else self.fill.status(since)
 
     def detach_fill(self) -> dict | None:
         """Stop the fill trial at its next layer boundary; returns its checkpoint (completed steps only)."""

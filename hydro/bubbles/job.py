@@ -59,7 +59,7 @@ class StageHost(FillHost):
                 report["fill_steps"] = fill.completed_steps - fill_steps
                 report["fill_compute_s"] = fill.compute_s - fill_compute
                 report["fill_members"] = fill.num_members
-                report["fill_activity"] = [a for a in fill.status()["activity"] if a[0] >= started]
+                report["fill_activity"] = [a for a in fill.activity() if a[0] >= started]
         return report
 
     def _set_gate(self, gate: BubbleGate) -> None:

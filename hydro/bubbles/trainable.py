@@ -77,13 +77,13 @@ def _follow(host, service, trial_id: str, slot: dict, last: dict | None, reporte
     while True:
         time.sleep(poll_s)
         try:
-            status = ray.get(host.fill_status.remote())
+            status = ray.get(host.fill_status.remote(reported))  # snapshots after what was reported
         except ray.exceptions.RayActorError:  # the host died: its slot is gone, resume from the last report
             service.slot_lost.remote(slot["slot"])
             return last, reported
         if status is not None:
             snapshot = status["snapshot"]
-            if snapshot is not None and snapshot["completed_steps"] > reported:  # every report point, once
+            if snapshot is not None:  # every report point, once
                 done = snapshot["completed_steps"]
                 reported = _catch_up(snapshot, status["snapshot_losses"], slot, reported, done - 1)
                 last, reported = snapshot, _report(snapshot, slot["slot"], snapshot)

@@ -4,10 +4,10 @@ Surrogate trials (from a ``HydroSearcher``) train their members fused and shrunk
 run's member-decision service says which members stop, and those are sliced out with their state
 (``hydro.keep_members``). Target and plain trials train one full-size model with the user's own torch
 optimizer, except the target of a shrunk (µP) run: ``hydro.shrink(model, 1)`` with the translated
-``hydro.optim`` optimizer, which applies the µP multipliers. Every ``TuneSpec.checkpoint_every`` epochs, and after the
-last, a checkpoint holds member weights, optimizer state, surviving member ids, epoch and RNG states, so a
-retried or restored trial resumes from there: it replays the epochs after it exactly (same batches,
-same decisions), and the searcher keeps the first report of each member's epoch.
+``hydro.optim`` optimizer, which applies the µP multipliers. Every ``TuneSpec.checkpoint_every`` epochs,
+and after the last, a checkpoint holds member weights, optimizer state, surviving member ids, epoch and
+RNG states, so a retried or restored trial resumes from there: it replays the epochs after it exactly
+(same batches, same decisions), and the searcher keeps the first report of each member's epoch.
 """
 from __future__ import annotations
 

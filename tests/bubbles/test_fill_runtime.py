@@ -126,6 +126,11 @@ def test_fill_process_trains_exactly_as_alone_and_snapshots_at_step_boundaries()
     assert snapshot["completed_steps"] % 2 == 0 and snapshot["completed_steps"] >= 2
     assert len(status["losses"]) == 3 and status["member_ids"] == [0, 1, 2]
     assert _same(FillTrial.from_checkpoint(snapshot), _alone(snapshot["completed_steps"]))
+    assert [done for done, _ in status["snapshot_losses"]] == list(range(2, snapshot["completed_steps"] + 1, 2))
+    later = fill.status(since=snapshot["completed_steps"])  # only what came after: no snapshot resent
+    assert all(done > snapshot["completed_steps"] for done, _ in later["snapshot_losses"])
+    assert later["snapshot"] is None or later["snapshot"]["completed_steps"] > snapshot["completed_steps"]
+    assert fill.activity() and all(start <= end for start, end in fill.activity())
     checkpoint = fill.stop()
     assert checkpoint["completed_steps"] >= 4
     assert _same(FillTrial.from_checkpoint(checkpoint), _alone(checkpoint["completed_steps"]))

@@ -30,6 +30,9 @@ def test_late_stage_trials_go_to_dedicated_slots_and_get_promoted(placement):
     assert placement.place(early).name == "llm/1"
     assert placement.promote(TrialNeeds("x", 32 * MiB, rung=1)) is None  # not late yet
     assert placement.promote(TrialNeeds("x", 32 * MiB, rung=2)).name == "gpu-7"
+    assert placement.slots["llm/1"].trial == "x"  # still leaving it
+    assert placement.promote(TrialNeeds("x", 32 * MiB, rung=3)) is None  # already has its dedicated slot
+    placement.vacate("llm/1")
     assert placement.slots["llm/1"].trial is None
 
 
