@@ -263,8 +263,9 @@ class HydroSearcher(Searcher):
                 member, _, name = key[len(prefix):].partition("/")
                 members.setdefault(member, {})[name] = value
         for member, values in members.items():
-            seen = self._last.get(member, {}).get("epoch", 0)
-            if member in self._done or (not values.get("done") and values.get("epoch", 0) <= seen):
+            if member in self._done or not math.isfinite(values.get("epoch", math.nan)):
+                continue  # finished, or a placeholder of a member that left its trial earlier
+            if not values.get("done") and values["epoch"] <= self._last.get(member, {}).get("epoch", 0):
                 continue  # a retried or restored trial reports epochs again: the first report stands
             self._last[member] = values
             if values.get("done"):

@@ -62,6 +62,7 @@ class MemberSession:
         results = {m: {k: float(v[i]) for k, v in metrics.items()} for i, m in enumerate(self.member_ids)}
         for result in results.values():
             result.update(epoch=epoch, training_iteration=epoch)
+        self._names = [*metrics, "epoch", "training_iteration"]
         stop = set(ray.get(self._service.decide.remote(epoch, results, final))) if self._service else set()
         for member, result in results.items():
             result.update(done=final or member in stop, stopped=member in stop)
@@ -87,5 +88,10 @@ class MemberSession:
             return {**report, **{k: v for k, v in result.items() if k not in MEMBER_ONLY}}
         values = [r[self.metric] for r in results.values() if math.isfinite(r[self.metric])]
         best = (max(values) if self.mode == "max" else min(values)) if values else math.nan
+        # Every member of the plan, every time: members that left earlier as NaN placeholders. Ray's CSV logger
+        # writes the rows of a restored trial in the key order of its first new result under the old header, so a
+        # trial whose key set shrank (stopped members) would have its columns misaligned after a restore.
+        gone = dict.fromkeys([*self._names, "done", "stopped"], math.nan)
+        results = {m: results.get(m, gone) for m in self._configs}
         return {**report, MEMBERS_KEY: results, f"best_member_{self.metric}": best,
                 self.metric: best if self.plan.reports_objective else math.nan}
