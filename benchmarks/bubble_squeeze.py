@@ -20,7 +20,7 @@ from pathlib import Path
 import ray
 
 from hydro.bubbles import FillSpec, PipelineSpec
-from hydro.bubbles.job import PipelineJob
+from hydro.tune.pipeline_job import PipelineJob
 
 REPO = Path(__file__).resolve().parents[1]
 

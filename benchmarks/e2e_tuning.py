@@ -29,14 +29,12 @@ import torch
 from ray import tune
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
+from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
+from hydro.trial.unit import FusedTrial
 from hydro.tune import TuneSpec, best_configuration, trainable
-from hydro.tune.epoch import evaluate, train_epoch
 from hydro.tune.examples import digits_mlp
-from hydro.tune.members import build_members
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.run import asha, fit, optuna_tpe
-from hydro.tune.searcher import TARGET_MEMBER_ID
-from hydro.tune.trial_config import plan_of
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -119,13 +117,10 @@ def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, opti
 def train_full_size(spec: TuneSpec, config: dict, mup: bool) -> dict[str, float]:
     """The full-size target trained with ``config`` as Hydro's target trial trains it (fixed seed): in µP
     (``hydro.shrink(model, 1)``) after a shrunk run, as written otherwise."""
-    train, val = spec.load_data()
-    target, _ = build_members(spec, [config], [TARGET_MEMBER_ID], 1, fuse=mup, mup=mup)
-    rng = torch.Generator().manual_seed(spec.seed)
+    target = FusedTrial(spec, TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, config)], mup=mup), spec.load_data())
     for _ in range(spec.epochs):
-        train_epoch(target, train, spec.batch_size_of(config), spec.loss, rng)
-    return {k: float(v[0]) for k, v in evaluate(target, val, spec.batch_size_of(config), spec.loss,
-                                                spec.metrics).items()}
+        target.train_epoch()
+    return {k: float(v[0]) for k, v in target.evaluate().items()}
 
 
 def report(rows: list[dict], spec: TuneSpec, args) -> None:

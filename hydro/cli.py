@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -25,6 +26,10 @@ def _registrars():
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Library modules log under "hydro.*"; the command line shows their INFO messages (searcher decisions,
+    # fusion plans) on stderr. Ray's worker processes keep their own logging set-up.
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("hydro").setLevel(logging.INFO)
     return int(args.func(args) or 0)
 
 

@@ -3,15 +3,13 @@
 A host runs at most one fill trial at a time, in a :class:`~hydro.bubbles.fill_process.FillProcess` on the
 host's cores, sized to the memory the host can spare. Nothing of the fill trial runs in the host's own
 process: torch.fx tracing (fusing) patches ``nn.Module.__call__`` process-wide and would break the modules
-a stage runs meanwhile. :class:`~hydro.bubbles.job.StageHost` gates it by the stage's bubbles;
+a stage runs meanwhile. :class:`~hydro.tune.pipeline_job.StageHost` gates it by the stage's bubbles;
 :class:`DedicatedHost` (a worker of its own) lets it run freely.
 """
 from __future__ import annotations
 
 import os
 import threading
-
-import ray
 
 from hydro.planning import free_memory_bytes
 
@@ -82,15 +80,3 @@ class DedicatedHost(FillHost):
 
     def __init__(self, name: str, fill_memory_bytes: int | None = None) -> None:
         super().__init__(name, set(os.sched_getaffinity(0)), fill_memory_bytes)
-
-
-def start_dedicated_hosts(service, count: int, num_cpus: float = 1, fill_memory_bytes: int | None = None) -> list:
-    """Start ``count`` dedicated host actors (``hydro-bubbles/dedicated/<i>``) and register them with the
-    placement ``service`` as dedicated slots; returns the actor handles."""
-    actor = ray.remote(num_cpus=num_cpus, max_concurrency=4)(DedicatedHost)
-    hosts = []
-    for i in range(count):
-        name = f"hydro-bubbles/dedicated/{i}"
-        hosts.append(actor.options(name=name).remote(name, fill_memory_bytes))
-        ray.get(service.add_dedicated.remote(f"dedicated/{i}", ray.get(hosts[-1].fill_budget.remote()), name))
-    return hosts

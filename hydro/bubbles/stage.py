@@ -3,7 +3,7 @@
 Why our own schedule: ``torch.distributed.pipelining``'s schedules run a whole iteration inside one call
 and wait for their peers internally, so a caller cannot see where a stage idles; here every wait for an
 activation or a gradient is bracketed by ``BubbleListener.bubble_started/ended``. The stage is a plain
-object over an initialised process group; :mod:`hydro.bubbles.job` places stages in Ray actors.
+object over an initialised process group; :mod:`hydro.tune.pipeline_job` places stages in Ray actors.
 """
 from __future__ import annotations
 

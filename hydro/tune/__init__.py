@@ -8,7 +8,7 @@ transfer to the full-size target, per-member results.
 from hydro.tune.results import best_configuration, member_table, write_results
 from hydro.tune.searcher import HydroSearcher
 from hydro.tune.session import MemberSession
-from hydro.tune.spec import TuneSpec, accuracy
+from hydro.trial.spec import TuneSpec, accuracy
 from hydro.tune.trainable import trainable
 
 __all__ = ["HydroSearcher", "MemberSession", "TuneSpec", "accuracy", "best_configuration", "member_table",

@@ -14,7 +14,7 @@ import pandas as pd
 from hydro.tune.examples import EXAMPLES
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
 from hydro.tune.run import asha, fit, optuna_tpe
-from hydro.tune.spec import TuneSpec
+from hydro.trial.spec import TuneSpec
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

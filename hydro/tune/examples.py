@@ -10,7 +10,7 @@ from torch import nn
 
 from hydro.examples.data import char_sequences, digits, stdlib_text
 from hydro.examples.models import CNN, MLP, CharTransformerLM
-from hydro.tune.spec import TuneSpec, accuracy
+from hydro.trial.spec import TuneSpec, accuracy
 
 
 def _sgd(params, config):

@@ -8,9 +8,9 @@ import os
 import pandas as pd
 from ray.tune import ResultGrid
 
-from hydro.tune.spec import TuneSpec
+from hydro.trial.spec import TuneSpec
 from hydro.tune.session import MEMBERS_KEY
-from hydro.tune.trial_config import PLAIN, SURROGATE, plan_of
+from hydro.trial.plan import TrialKind, plan_of
 
 MEMBER_TABLE_FILE, BEST_FILE = "hydro_members.csv", "hydro_best.json"
 
@@ -26,10 +26,10 @@ def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
         trial = (result.metrics or {}).get("trial_id", os.path.basename(result.path))
         history = result.metrics_dataframe
         for member, config in plan.members:
-            row = {"member": trial if plan.kind == PLAIN else member,
+            row = {"member": trial if plan.kind == TrialKind.PLAIN else member,
                    "kind": plan.kind, "trial": trial, "error": result.error is not None,
                    **{f"config/{k}": v for k, v in config.items()}}
-            row.update(_final(history, spec, f"{MEMBERS_KEY}/{member}/" if plan.kind == SURROGATE else ""))
+            row.update(_final(history, spec, f"{MEMBERS_KEY}/{member}/" if plan.kind == TrialKind.SURROGATE else ""))
             rows.append(row)
     table = pd.DataFrame(rows)
     if not table.empty and spec.metric in table:
@@ -58,10 +58,10 @@ def best_configuration(results: ResultGrid, spec: TuneSpec) -> dict:
     """The run's best result (the target's, in a run with one): its configuration and metrics."""
     best = results.get_best_result(spec.metric, spec.mode)
     plan = plan_of(best.config)
-    config = plan.members[0][1] if plan.kind != SURROGATE else None
+    config = plan.members[0][1] if plan.kind != TrialKind.SURROGATE else None
     if config is None:  # a run without a target: the best member of the best fused trial
         table = member_table(results, spec)
-        top = table[table["kind"] == SURROGATE].iloc[0]
+        top = table[table["kind"] == TrialKind.SURROGATE].iloc[0]
         config = {k.split("/", 1)[1]: v for k, v in top.items() if k.startswith("config/") and _present(v)}
     return {"config": config, "kind": plan.kind, "metric": spec.metric, "mode": spec.mode,
             "value": best.metrics.get(spec.metric), "metrics": {k: best.metrics.get(k) for k in spec.metric_names()},

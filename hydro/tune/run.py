@@ -9,7 +9,7 @@ from ray.tune.search import Searcher
 
 from hydro.tune.results import write_results
 from hydro.tune.searcher import HydroSearcher
-from hydro.tune.spec import TuneSpec
+from hydro.trial.spec import TuneSpec
 from hydro.tune.trainable import trainable
 
 

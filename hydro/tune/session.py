@@ -22,8 +22,8 @@ import ray
 import torch
 from ray import tune
 
-from hydro.tune.decisions import lookup_service
-from hydro.tune.trial_config import SURROGATE, TrialPlan, plan_of
+from hydro.tune.member_decisions import lookup_service
+from hydro.trial.plan import TrialKind, TrialPlan, plan_of
 
 MEMBERS_KEY = "members"
 MEMBER_ONLY = ("done", "stopped", "epoch", "training_iteration")  # per-member bookkeeping, not trial metrics
@@ -63,7 +63,8 @@ class MemberSession:
         for result in results.values():
             result.update(epoch=epoch, training_iteration=epoch)
         self._names = [*metrics, "epoch", "training_iteration"]
-        stop = set(ray.get(self._service.decide.remote(epoch, results, final))) if self._service else set()
+        objective = {m: r[self.metric] for m, r in results.items()}
+        stop = set(ray.get(self._service.decide.remote(epoch, objective, final))) if self._service else set()
         for member, result in results.items():
             result.update(done=final or member in stop, stopped=member in stop)
         keep = [] if final else [i for i, m in enumerate(self.member_ids) if m not in stop]
@@ -82,8 +83,8 @@ class MemberSession:
         """Surrogates: per-member results under ``members/<id>/...``, the best member's objective as
         ``best_member_<metric>``, and the objective itself only if the run has no target (else NaN, so
         the run's best result is the target's). Target and plain trials: their metrics at the top level."""
-        report = {"epoch": epoch, "hydro_kind": self.plan.kind, "live_members": live, **extra}
-        if self.plan.kind != SURROGATE:
+        report = {"epoch": epoch, "hydro_kind": self.plan.kind.value, "live_members": live, **extra}
+        if self.plan.kind != TrialKind.SURROGATE:
             (result,) = results.values()
             return {**report, **{k: v for k, v in result.items() if k not in MEMBER_ONLY}}
         values = [r[self.metric] for r in results.values() if math.isfinite(r[self.metric])]

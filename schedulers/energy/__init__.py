@@ -1,11 +1,8 @@
 """Energy decisions in plain Python: power-limit optimizer, batch-size bandit, trace simulator, state.
 
-``EnergyScheduler`` (the Ray Tune scheduler) is imported lazily, so importing this package does not
-import Ray.
+The Ray Tune scheduler that applies them is :class:`hydro.tune.energy_scheduler.EnergyScheduler`.
 """
 from __future__ import annotations
-
-from typing import Any
 
 from schedulers.energy.batch_size import BanditError, BatchSizeBandit, Observation
 from schedulers.energy.power_limit import PowerLimitError, PowerLimitOptimizer, energy_cost
@@ -17,7 +14,6 @@ __all__ = [
     "WORKLOADS",
     "BanditError",
     "BatchSizeBandit",
-    "EnergyScheduler",
     "JobSimulator",
     "Observation",
     "PowerLimitError",
@@ -30,10 +26,3 @@ __all__ = [
     "simulate_grid",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "EnergyScheduler":
-        from schedulers.energy.tune_scheduler import EnergyScheduler
-
-        return EnergyScheduler
-    raise AttributeError(f"module 'schedulers.energy' has no attribute {name!r}")

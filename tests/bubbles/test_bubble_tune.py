@@ -11,11 +11,10 @@ from ray import tune
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from hydro.bubbles import FillSpec, PipelineSpec
-from hydro.bubbles.host import start_dedicated_hosts
-from hydro.bubbles.job import PipelineJob
-from hydro.bubbles.trainable import CHECKPOINT_FILE, fill_trainable
-from schedulers.bubble_scheduler import BubbleScheduler
-from schedulers.bubble_service import placement_service
+from hydro.tune.bubble_scheduler import BubbleScheduler
+from hydro.tune.bubble_service import placement_service
+from hydro.tune.fill_trainable import CHECKPOINT_FILE, fill_trainable
+from hydro.tune.pipeline_job import PipelineJob, start_dedicated_hosts
 from tests.bubbles.alone import same_state, train_alone
 
 PIPELINE = PipelineSpec(width=128, depth=6, microbatches=4, microbatch_size=16)

@@ -5,7 +5,7 @@ from torch import nn
 
 from hydro.bubbles import FillSpec, FillTrial, PipelineSpec
 from hydro.bubbles.fill import FillTooLarge
-from hydro.bubbles.job import PipelineJob
+from hydro.tune.pipeline_job import PipelineJob
 from tests.bubbles.alone import same_state, train_alone
 
 SPEC = PipelineSpec(width=128, depth=6, microbatches=4, microbatch_size=16)

@@ -6,7 +6,8 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray import tune  # noqa: E402
 
-from schedulers.energy import EnergyScheduler, JobSimulator, ZeusTraces  # noqa: E402
+from hydro.tune.energy_scheduler import EnergyScheduler  # noqa: E402
+from schedulers.energy import JobSimulator, ZeusTraces  # noqa: E402
 from schedulers.energy.store import EnergyStore  # noqa: E402
 from schedulers.energy.traces import WORKLOADS  # noqa: E402
 from tests.energy.sim_trainable import train_on_trace  # noqa: E402

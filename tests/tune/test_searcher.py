@@ -4,10 +4,10 @@ import math
 import pytest
 from ray.tune.search import Searcher
 
-import hydro.tune.searcher as searcher_module
+import hydro.trial.fusion as fusion_module
 from hydro.tune import HydroSearcher, TuneSpec
 from hydro.tune.random_search import RandomSearch
-from hydro.tune.trial_config import SURROGATE, TARGET, plan_of
+from hydro.trial.plan import TrialKind, plan_of
 from tests.tune.workload import SPACE, mlp, sgd, small_digits, spec
 
 
@@ -53,7 +53,7 @@ def test_groups_by_batch_size_and_architecture_and_feeds_members_back():
     assert all(len(set(g)) == 1 for g in groups)  # one batch size and width per fused trial
     assert sorted(len(g) for g in groups) == [1, 1, 2, 2]
     assert sorted(m for p in trials.values() for m, _ in p.members) == sorted(inner.suggested)
-    assert all(p.kind == SURROGATE and not p.reports_objective for p in trials.values())
+    assert all(p.kind == TrialKind.SURROGATE and not p.reports_objective for p in trials.values())
     # Every member's result reaches the inner searcher under the member's own id, once.
     acc = {m: 0.1 * i for i, m in enumerate(sorted(inner.suggested))}
     for t, plan in trials.items():
@@ -68,20 +68,20 @@ def test_groups_by_batch_size_and_architecture_and_feeds_members_back():
     # All members done: the target trial trains the best member's config at full size, then the run ends.
     target = plan_of(s.suggest("target"))
     best = max(acc, key=acc.get)
-    assert target.kind == TARGET and target.scale == 1 and target.source["member"] == best
+    assert target.kind == TrialKind.TARGET and target.scale == 1 and target.source["member"] == best
     assert target.members[0][1] == configs[sorted(inner.suggested).index(best)]
     assert s.suggest("after") == Searcher.FINISHED
 
 
 def test_fusion_auto_uses_plan_fusion(monkeypatch):
-    chosen, real_plan_fusion = [], searcher_module.plan_fusion
+    chosen, real_plan_fusion = [], fusion_module.plan_fusion
 
     def recording_plan(*args, **kwargs):
         plan = real_plan_fusion(*args, **kwargs)
         chosen.append(plan.num_members)
         return plan
 
-    monkeypatch.setattr(searcher_module, "plan_fusion", recording_plan)
+    monkeypatch.setattr(fusion_module, "plan_fusion", recording_plan)
     s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion="auto")
     plan = plan_of(s.suggest("t0"))
     assert len(chosen) == 1 and len(plan.members) == min(chosen[0], 4)

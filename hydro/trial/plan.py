@@ -5,12 +5,18 @@ a config without the entry is a plain Ray Tune trial (one configuration, full si
 """
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 HYDRO_KEY = "hydro"
-SURROGATE, TARGET, PLAIN = "surrogate", "target", "plain"
-PLAIN_MEMBER_ID = "trial"
+PLAIN_MEMBER_ID, TARGET_MEMBER_ID = "trial", "target"  # the member id of a plain trial and of the target
+
+
+class TrialKind(enum.StrEnum):
+    SURROGATE = "surrogate"  # fused members (shrunk when scale > 1)
+    TARGET = "target"        # the best member's configuration at full size
+    PLAIN = "plain"          # one configuration, full size, unfused: a stock Ray Tune trial
 
 
 @dataclass
@@ -21,7 +27,7 @@ class TrialPlan:
     stopping service, if any; ``reports_objective``: whether the trial-level objective is the best member's
     value (False for surrogates of a run with a target: the run's best result is then the target's)."""
 
-    kind: str
+    kind: TrialKind
     members: list[tuple[str, dict]]
     scale: int = 1
     mup: bool = False
@@ -31,17 +37,18 @@ class TrialPlan:
 
     @property
     def fused(self) -> bool:
-        return self.kind == SURROGATE
+        return self.kind == TrialKind.SURROGATE
 
     def to_config(self) -> dict:
-        return {HYDRO_KEY: {**asdict(self), "members": [{"id": m, "config": c} for m, c in self.members]}}
+        return {HYDRO_KEY: {**asdict(self), "kind": self.kind.value,
+                            "members": [{"id": m, "config": c} for m, c in self.members]}}
 
 
 def plan_of(config: Mapping) -> TrialPlan:
     """The plan of a trial from its Ray config."""
     entry = config.get(HYDRO_KEY)
     if entry is None:
-        return TrialPlan(PLAIN, [(PLAIN_MEMBER_ID, dict(config))])
+        return TrialPlan(TrialKind.PLAIN, [(PLAIN_MEMBER_ID, dict(config))])
     members = [(m["id"], dict(m["config"])) for m in entry["members"]]
-    return TrialPlan(entry["kind"], members, entry["scale"], entry["mup"], entry["decisions"],
+    return TrialPlan(TrialKind(entry["kind"]), members, entry["scale"], entry["mup"], entry["decisions"],
                      entry["reports_objective"], dict(entry.get("source", {})))

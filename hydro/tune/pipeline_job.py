@@ -17,11 +17,11 @@ from dataclasses import asdict
 import ray
 import torch
 
-from .fill import FillSpec
-from .gate import BubbleGate
-from .host import FillHost
-from .hooks import BubbleRecorder
-from .stage import PipelineSpec, PipelineStage
+from hydro.bubbles.fill import FillSpec
+from hydro.bubbles.gate import BubbleGate
+from hydro.bubbles.host import DedicatedHost, FillHost
+from hydro.bubbles.hooks import BubbleRecorder
+from hydro.bubbles.stage import PipelineSpec, PipelineStage
 
 
 class StageHost(FillHost):
@@ -131,6 +131,18 @@ class PipelineJob:
         for actor in self.stages:
             ray.kill(actor)
         return checkpoints
+
+
+def start_dedicated_hosts(service, count: int, num_cpus: float = 1, fill_memory_bytes: int | None = None) -> list:
+    """Start ``count`` dedicated host actors (``hydro-bubbles/dedicated/<i>``) and register them with the
+    placement ``service`` as dedicated slots; returns the actor handles."""
+    actor = ray.remote(num_cpus=num_cpus, max_concurrency=4)(DedicatedHost)
+    hosts = []
+    for i in range(count):
+        name = f"hydro-bubbles/dedicated/{i}"
+        hosts.append(actor.options(name=name).remote(name, fill_memory_bytes))
+        ray.get(service.add_dedicated.remote(f"dedicated/{i}", ray.get(hosts[-1].fill_budget.remote()), name))
+    return hosts
 
 
 def _free_port() -> int:

@@ -4,7 +4,7 @@ import torch
 
 import hydro
 from hydro.examples.models import MLP
-from hydro.tune.surrogate import build_member
+from hydro.trial.surrogate import build_member
 
 
 def factory(config):

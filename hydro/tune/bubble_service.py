@@ -1,7 +1,7 @@
 """The placement service: a named Ray actor around :class:`~schedulers.bubbles.BubblePlacement`.
 
 Pipeline jobs register their stages (bubble slots), dedicated workers register as dedicated slots, and fill
-trials (see :mod:`hydro.bubbles.trainable`) ask it where to run. It also keeps what a trial needs when its
+trials (see :mod:`hydro.tune.fill_trainable`) ask it where to run. It also keeps what a trial needs when its
 slot goes away: the checkpoint a pipeline job hands back when it ends, or the slot a late-stage trial was
 promoted to.
 """

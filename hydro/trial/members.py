@@ -14,9 +14,9 @@ from torch import Tensor
 
 import hydro
 from hydro.binder import FuseError
-from hydro.tune.optimizer import UnsupportedOptimizer, fused_optimizer
-from hydro.tune.spec import TuneSpec
-from hydro.tune.surrogate import build_member
+from hydro.trial.optimizer import UnsupportedOptimizer, fused_optimizer
+from hydro.trial.spec import TuneSpec
+from hydro.trial.surrogate import build_member
 
 
 class Members:

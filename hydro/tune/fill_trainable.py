@@ -1,10 +1,10 @@
 """Fused fill trials as Ray Tune trials, placed into pipeline bubbles or onto dedicated workers.
 
 The Tune trial is a thin proxy that needs almost no CPU of its own: it asks the placement service
-(:mod:`schedulers.bubble_service`) for a slot, attaches its fused trial to the slot's host (a pipeline
+(:mod:`hydro.tune.bubble_service`) for a slot, attaches its fused trial to the slot's host (a pipeline
 stage actor, or a dedicated worker), and reports per-member losses with a checkpoint every
 ``report_every`` steps. When its pipeline job ends it continues elsewhere from the exact checkpoint the job
-handed back; when the scheduler promotes it (:class:`schedulers.bubble_scheduler.BubbleScheduler`) it
+handed back; when the scheduler promotes it (:class:`hydro.tune.bubble_scheduler.BubbleScheduler`) it
 moves to a dedicated worker with its exact state; if its host dies, it resumes from its last reported
 checkpoint (the steps since are trained again, identically: batches depend only on (seed, step)).
 """
@@ -20,9 +20,9 @@ import ray
 import torch
 from ray import tune
 
-from schedulers.bubble_service import SERVICE_NAME
+from hydro.tune.bubble_service import SERVICE_NAME
 
-from .fill import FillSpec, FillTooLarge, fill_memory_bytes
+from hydro.bubbles.fill import FillSpec, FillTooLarge, fill_memory_bytes
 
 CHECKPOINT_FILE = "hydro_fill.pt"
 

@@ -17,9 +17,9 @@ class MemberDecisions:
     def __init__(self, stopping: MemberStopping) -> None:
         self.stopping = stopping
 
-    def decide(self, epoch: int, results: Mapping[str, Mapping], final: bool) -> list[str]:
-        """The members of ``results`` (member id -> metrics of ``epoch``) that stop now."""
-        return [m for m, r in results.items() if self.stopping.decide(m, epoch, r, final=final)]
+    def decide(self, epoch: int, values: Mapping[str, float], final: bool) -> list[str]:
+        """The members of ``values`` (member id -> objective after ``epoch``) that stop now."""
+        return [m for m, v in values.items() if self.stopping.decide(m, epoch, v, final=final)]
 
     def get_state(self) -> MemberStopping:
         return self.stopping

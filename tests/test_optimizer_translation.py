@@ -4,7 +4,7 @@ import torch
 
 import hydro
 from hydro.examples.models import MLP
-from hydro.tune.optimizer import UnsupportedOptimizer, fused_optimizer
+from hydro.trial.optimizer import UnsupportedOptimizer, fused_optimizer
 from tests.training import assert_models_close, batches, train_fused, train_independent
 
 CONFIGS = [{"lr": 0.05, "momentum": 0.9, "wd": 1e-3, "beta2": 0.99}, {"lr": 0.01, "momentum": 0.0, "wd": 0.0,

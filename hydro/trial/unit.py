@@ -1,0 +1,169 @@
+"""The fused-trial unit: one trial's members built from a ``TuneSpec`` and trained step by step.
+
+Everything that trains Hydro's trials runs this unit — the Ray Tune trainable, a fill trial in a pipeline's
+bubbles, energy measurement — so a trial trains the same way wherever it runs and its checkpoint continues
+anywhere. The members are built (shrunk to µP surrogates when ``scale > 1``), fused with one translated
+optimizer (or looped, unfused, for plain trials), and trained on batches shared by all members whose order is
+a function of (``spec.seed``, epoch) alone: a trial restored from a checkpoint taken after any step replays
+exactly what it would have trained.
+
+Attachments: *gates* can hold the trial between layers (the bubble squeezer's layer-boundary hooks),
+*observers* see every step and epoch (energy windows, progress).
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from hydro.loss import trial_losses
+from hydro.trial.members import Members, build_members
+from hydro.trial.plan import TrialPlan
+from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS, Batch, TuneSpec
+
+
+class Gate(ABC):
+    """Holds a trial between layers: attached to the unit's modules, detached when it leaves."""
+
+    @abstractmethod
+    def attach(self, trial: FusedTrial) -> None:
+        """Install hooks on ``trial.modules()``."""
+
+    @abstractmethod
+    def detach(self, trial: FusedTrial) -> None:
+        """Remove them."""
+
+
+class Observer:
+    """Sees the unit train (override what you need)."""
+
+    def on_step_end(self, trial: FusedTrial, losses: Tensor) -> None:
+        """After each optimizer step; ``losses``: the members' losses of the batch ``[F]``."""
+
+    def on_epoch_end(self, trial: FusedTrial, metrics: Mapping[str, Tensor]) -> None:
+        """After each epoch's evaluation; ``metrics``: name -> per-member values ``[F]``."""
+
+
+def batch_order(seed: int, epoch: int, size: int) -> Tensor:
+    """Sample order of ``epoch`` (1-based) over a split of ``size`` samples: a function of (seed, epoch)."""
+    return torch.randperm(size, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+class FusedTrial:
+    """The members of one trial (``plan.members``, or the ``member_ids`` still training after a restore) and
+    their training on ``data`` = ``(train, val)`` tensors ``([N, ...], [N, ...])``.
+
+    ``epoch``: completed epochs; ``step``: batches done of the epoch in progress. ``fallback``: why fusion fell
+    back to unfused training (``TuneSpec.fallback_unfused``), else ``None``.
+    """
+
+    def __init__(self, spec: TuneSpec, plan: TrialPlan, data: tuple[Batch, Batch], *,
+                 member_ids: Sequence[str] | None = None, gates: Sequence[Gate] = (),
+                 observers: Sequence[Observer] = ()) -> None:
+        configs = dict(plan.members)
+        ids = list(member_ids) if member_ids is not None else list(configs)
+        self.spec, self.plan, self.data = spec, plan, data
+        self.members: Members
+        self.members, self.fallback = build_members(spec, [configs[m] for m in ids], ids, plan.scale,
+                                                    fuse=plan.fused, mup=plan.mup)
+        self.batch_size = spec.batch_size_of(configs[ids[0]])
+        self.epoch, self.step = 0, 0
+        self._loss_sum: Tensor | None = None  # [F], the epoch in progress
+        self._seen = 0
+        self.gates, self.observers = list(gates), list(observers)
+        for gate in self.gates:
+            gate.attach(self)
+
+    @property
+    def member_ids(self) -> list[str]:
+        return self.members.member_ids
+
+    @property
+    def fused(self) -> bool:
+        return self.members.fused
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.data[0][1]) / self.batch_size)
+
+    def modules(self) -> list[torch.nn.Module]:
+        """The modules that train (one fused model, or one model per member when unfused)."""
+        return self.members.modules()
+
+    def train_step(self) -> Tensor:
+        """Train one batch of the epoch in progress; returns the members' losses ``[F]``."""
+        (x, y), _ = self.data
+        if self.step == 0:
+            self.members.train(True)
+        index = batch_order(self.spec.seed, self.epoch + 1, len(y)).split(self.batch_size)[self.step]
+        self.members.zero_grad()
+        losses = trial_losses(self.spec.loss, self.members(x[index]), y[index])  # [F]
+        losses.sum().backward()  # member i's gradient is exactly that of its own loss
+        self.members.step()
+        losses = losses.detach()
+        total = losses * len(index)
+        self._loss_sum = total if self._loss_sum is None else self._loss_sum + total
+        self._seen += len(index)
+        self.step += 1
+        for observer in self.observers:
+            observer.on_step_end(self, losses)
+        return losses
+
+    def train_epoch(self) -> Tensor:
+        """Finish the epoch in progress; the members' mean training loss over it ``[F]``."""
+        while self.step < self.steps_per_epoch:
+            self.train_step()
+        mean = self._loss_sum / self._seen
+        self.epoch, self.step, self._loss_sum, self._seen = self.epoch + 1, 0, None, 0
+        return mean
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Tensor]:
+        """``val_loss`` and every metric of ``spec.metrics`` per member, each ``[F]``: means over the
+        validation split in chunks (weighted by chunk size, so exact for metrics that are means over samples)."""
+        _, (x, y) = self.data
+        self.members.train(False)
+        sums: dict[str, Tensor] = {}
+        for index in torch.arange(len(y)).split(max(self.batch_size, 256)):
+            output, target = self.members(x[index]), y[index]  # [F, n, ...], [n, ...]
+            values = {VAL_LOSS: trial_losses(self.spec.loss, output, target)}
+            for name, fn in self.spec.metrics.items():
+                values[name] = torch.stack([torch.as_tensor(fn(out, target), dtype=torch.float64) for out in output])
+            for name, value in values.items():
+                sums[name] = sums.get(name, 0) + value.double() * len(index)
+        return {name: total / len(y) for name, total in sums.items()}
+
+    def run_epoch(self) -> dict[str, Tensor]:
+        """Train the rest of the epoch and evaluate: ``train_loss`` and the validation metrics, each ``[F]``."""
+        metrics = {TRAIN_LOSS: self.train_epoch(), **self.evaluate()}
+        for observer in self.observers:
+            observer.on_epoch_end(self, metrics)
+        return metrics
+
+    def keep(self, positions: Sequence[int]) -> None:
+        """Go on with the members at ``positions`` only (early-stopped members leave with their state)."""
+        self.members.keep(positions)
+        if self._loss_sum is not None:
+            self._loss_sum = self._loss_sum[list(positions)]
+
+    def state_dict(self) -> dict:
+        """Everything to continue elsewhere: members (weights, optimizer state), progress, torch's RNG state."""
+        return {"member_ids": self.member_ids, "members": self.members.state_dict(), "epoch": self.epoch,
+                "step": self.step, "loss_sum": self._loss_sum, "seen": self._seen, "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if list(state["member_ids"]) != self.member_ids:
+            raise ValueError(f"FusedTrial.load_state_dict: the checkpoint holds members {list(state['member_ids'])}, "
+                             f"this trial {self.member_ids}; build it with member_ids=checkpoint['member_ids']")
+        self.members.load_state_dict(state["members"])
+        self.epoch, self.step, self._loss_sum, self._seen = state["epoch"], state["step"], state["loss_sum"], state["seen"]
+        torch.set_rng_state(state["torch_rng"])
+
+    def close(self) -> None:
+        """Detach the gates."""
+        for gate in self.gates:
+            gate.detach(self)
+        self.gates = []
