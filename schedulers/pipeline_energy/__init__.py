@@ -1,0 +1,28 @@
+"""Perseus in plain Python: per-instruction GPU frequency plans of a pipeline iteration and their
+time-energy frontier (``lowtime``), plan choice by deadline or slowdown, and the slack policy that
+spends a stage's slack on energy or on fused tuning trials."""
+from __future__ import annotations
+
+from schedulers.pipeline_energy.brute_force import brute_force_frontier
+from schedulers.pipeline_energy.dag import InstructionDAG, InstructionKey, PlanPoint, pareto_front
+from schedulers.pipeline_energy.frontier import lowtime_frontier
+from schedulers.pipeline_energy.profile import Instruction, PipelineProfile, ProfileError, ProfileRow
+from schedulers.pipeline_energy.scan import DownwardScan
+from schedulers.pipeline_energy.selection import ByDeadline, ByMaxSlowdown, PlanChoice
+
+__all__ = [
+    "ByDeadline",
+    "ByMaxSlowdown",
+    "DownwardScan",
+    "Instruction",
+    "InstructionDAG",
+    "InstructionKey",
+    "PipelineProfile",
+    "PlanChoice",
+    "PlanPoint",
+    "ProfileError",
+    "ProfileRow",
+    "brute_force_frontier",
+    "lowtime_frontier",
+    "pareto_front",
+]
