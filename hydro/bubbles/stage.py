@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from hydro.energy.device import EnergyDevice
+from hydro.energy.frequency import FrequencyPlanned, restoring_default_clock
 from hydro.planning import free_memory_bytes
 
 from .hooks import BubbleListener
@@ -48,8 +50,13 @@ class PipelineSpec:
     def stage_model(self, stage: int, num_stages: int) -> nn.Sequential:
         layers = list(self.full_model())
         linear_positions = [i for i, m in enumerate(layers) if isinstance(m, nn.Linear)]
-        per_stage = -(-len(linear_positions) // num_stages)
-        chunks = [linear_positions[i * per_stage] for i in range(num_stages)] + [len(layers)]
+        if not 0 <= stage < num_stages <= len(linear_positions):
+            raise ValueError(f"bubbles: stage {stage} of {num_stages} stages; the model has {len(linear_positions)} "
+                             f"linear layers (depth + 1), so use 1..{len(linear_positions)} stages.")
+        # Layers per stage differ by at most one (the first stages take the remainder).
+        base, extra = divmod(len(linear_positions), num_stages)
+        firsts = [i * base + min(i, extra) for i in range(num_stages)]
+        chunks = [linear_positions[i] for i in firsts] + [len(layers)]
         return nn.Sequential(*layers[chunks[stage]: chunks[stage + 1]])
 
     def batch(self, iteration: int) -> tuple[Tensor, Tensor]:
@@ -159,6 +166,20 @@ class PipelineStage:
             o.end for o in ops) - 1e-12)
         self.timeline.clear()
         return mine[0].item(), mine[1].item()
+
+    def run_frequency_plan(self, iterations: int, frequencies: list[int], device: EnergyDevice) -> list[float]:
+        """Run ``iterations`` with ``frequencies[i]`` (MHz) set on ``device`` before this stage's i-th instruction
+        of each iteration; the device's default clock is restored however the run ends. Returns the losses."""
+        if len(frequencies) != len(self.schedule):
+            raise ValueError(f"bubbles: stage {self.stage} runs {len(self.schedule)} instructions per iteration; the "
+                             f"plan gives {len(frequencies)} frequencies (one per instruction, in schedule order).")
+        model = self.model
+        self.model = FrequencyPlanned(model, frequencies, device)
+        try:
+            with restoring_default_clock(device):
+                return [self.run_iteration() for _ in range(iterations)]
+        finally:
+            self.model = model
 
 
 def _mean(timeline: list[Interval], kind: str) -> float:

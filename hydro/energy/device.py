@@ -51,3 +51,25 @@ class EnergyDevice(ABC):
 
     def close(self) -> None:
         """Release background resources (samplers); the default has none."""
+
+    def supported_frequencies_mhz(self) -> list[int]:
+        """Settable graphics clocks (MHz), highest first."""
+        raise NotSupported(f"{self.name} has no settable clock frequency.")
+
+    def get_frequency_mhz(self) -> int:
+        """Current graphics clock (MHz)."""
+        raise NotSupported(f"{self.name} does not report a clock frequency.")
+
+    def set_frequency_mhz(self, mhz: int) -> None:
+        """Lock the graphics clock at ``mhz`` (one of :meth:`supported_frequencies_mhz`)."""
+        raise NotSupported(f"{self.name} has no settable clock frequency.")
+
+    def reset_frequency(self) -> None:
+        """Hand the clock back to the driver's default (undoes :meth:`set_frequency_mhz`)."""
+        raise NotSupported(f"{self.name} has no settable clock frequency.")
+
+    def finish_instruction(self, host_s: float) -> float:
+        """Complete an instruction whose host-side work took ``host_s`` seconds at the current clock; returns its
+        duration (s). A real device already ran at its clock, so this is ``host_s``; a simulated DVFS device
+        stretches the work to its clock."""
+        return host_s

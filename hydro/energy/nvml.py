@@ -22,6 +22,11 @@ _PERMISSION_HINT = (
     "--cap-add SYS_ADMIN), or turn power-limit tuning off"
 )
 
+_CLOCK_HINT = (
+    "locking GPU clocks needs root or CAP_SYS_ADMIN; Hydro sets clocks only on mocked or simulated devices in its "
+    "tests, so run frequency plans on a GPU machine you administer"
+)
+
 
 def load_pynvml() -> ModuleType:
     """Import ``pynvml`` and initialise NVML; typed errors if the package or the driver is missing."""
@@ -137,6 +142,35 @@ class NVMLDevice(EnergyDevice):
         if self._integrator:
             self._integrator.stop()
             self._integrator = None
+
+    def _clock_call(self, what: str, call, *args):
+        """One NVML clock call with typed errors (a permission error names the clock privilege)."""
+        try:
+            with nvml_errors(self._nvml, f"{self.name}: {what}"):
+                return call(self._handle, *args)
+        except PermissionDenied as err:
+            raise PermissionDenied(f"{self.name}: {what}: permission denied; {_CLOCK_HINT}.") from err
+
+    def supported_frequencies_mhz(self) -> list[int]:
+        memory = max(self._clock_call("nvmlDeviceGetSupportedMemoryClocks",
+                                      self._nvml.nvmlDeviceGetSupportedMemoryClocks))
+        graphics = self._clock_call("nvmlDeviceGetSupportedGraphicsClocks",
+                                    self._nvml.nvmlDeviceGetSupportedGraphicsClocks, memory)
+        return sorted({int(f) for f in graphics}, reverse=True)
+
+    def get_frequency_mhz(self) -> int:
+        return int(self._clock_call("nvmlDeviceGetClockInfo", self._nvml.nvmlDeviceGetClockInfo,
+                                    self._nvml.NVML_CLOCK_GRAPHICS))
+
+    def set_frequency_mhz(self, mhz: int) -> None:
+        supported = self.supported_frequencies_mhz()
+        if mhz not in supported:
+            raise ValueError(f"{self.name}: {mhz} MHz is not a supported graphics clock ({supported[-1]}.."
+                             f"{supported[0]} MHz, {len(supported)} steps); plan with the profiled frequencies.")
+        self._clock_call("nvmlDeviceSetGpuLockedClocks", self._nvml.nvmlDeviceSetGpuLockedClocks, mhz, mhz)
+
+    def reset_frequency(self) -> None:
+        self._clock_call("nvmlDeviceResetGpuLockedClocks", self._nvml.nvmlDeviceResetGpuLockedClocks)
 
 
 def _visible_handles(pynvml: ModuleType, env: Mapping[str, str]) -> list[Any]:

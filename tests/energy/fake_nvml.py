@@ -61,3 +61,38 @@ def make_fake_pynvml(gpus: list[FakeGPU], *, can_set: bool = True, init_error: i
     m.nvmlDeviceGetPowerManagementLimit = lambda g: g.limit_mw
     m.nvmlDeviceSetPowerManagementLimit = set_limit
     return m
+
+
+def add_fake_clocks(m: types.ModuleType, gpus: list[FakeGPU], graphics_mhz: list[int], *, memory_mhz: int = 1215,
+                    can_set: bool = True) -> None:
+    """Give the fake module NVML's clock calls: every GPU supports ``graphics_mhz`` (at ``memory_mhz``); it runs
+    at the highest by default; each GPU's ``clock_history`` records locks (MHz) and resets (``"reset"``)."""
+    default = max(graphics_mhz)
+    for gpu in gpus:
+        gpu.clock_mhz, gpu.clock_history = default, []
+
+    def locked(gpu, low, high):
+        if not can_set:
+            raise m.NVMLError(real.NVML_ERROR_NO_PERMISSION)
+        if low != high or low not in graphics_mhz:
+            raise m.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.clock_mhz = low
+        gpu.clock_history.append(low)
+
+    def reset(gpu):
+        if not can_set:
+            raise m.NVMLError(real.NVML_ERROR_NO_PERMISSION)
+        gpu.clock_mhz = default
+        gpu.clock_history.append("reset")
+
+    def graphics(gpu, memory):
+        if memory != memory_mhz:
+            raise m.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        return list(graphics_mhz)
+
+    m.NVML_CLOCK_GRAPHICS = real.NVML_CLOCK_GRAPHICS
+    m.nvmlDeviceGetSupportedMemoryClocks = lambda g: [memory_mhz, memory_mhz // 3]
+    m.nvmlDeviceGetSupportedGraphicsClocks = graphics
+    m.nvmlDeviceGetClockInfo = lambda g, kind: g.clock_mhz
+    m.nvmlDeviceSetGpuLockedClocks = locked
+    m.nvmlDeviceResetGpuLockedClocks = reset
