@@ -9,11 +9,20 @@ from schedulers.pipeline_energy.frontier import lowtime_frontier
 from schedulers.pipeline_energy.profile import Instruction, PipelineProfile, ProfileError, ProfileRow
 from schedulers.pipeline_energy.scan import DownwardScan
 from schedulers.pipeline_energy.selection import ByDeadline, ByMaxSlowdown, PlanChoice
+from schedulers.pipeline_energy.slack import (
+    EnergyOrTrials,
+    SlackPolicy,
+    SlackUse,
+    StageSlack,
+    apply_choices,
+    stage_slack,
+)
 
 __all__ = [
     "ByDeadline",
     "ByMaxSlowdown",
     "DownwardScan",
+    "EnergyOrTrials",
     "Instruction",
     "InstructionDAG",
     "InstructionKey",
@@ -22,7 +31,12 @@ __all__ = [
     "PlanPoint",
     "ProfileError",
     "ProfileRow",
+    "SlackPolicy",
+    "SlackUse",
+    "StageSlack",
+    "apply_choices",
     "brute_force_frontier",
     "lowtime_frontier",
     "pareto_front",
+    "stage_slack",
 ]
