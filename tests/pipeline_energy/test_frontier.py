@@ -10,17 +10,12 @@ from schedulers.pipeline_energy import (
     Instruction,
     InstructionDAG,
     PipelineProfile,
-    ProfileRow,
     brute_force_frontier,
     lowtime_frontier,
 )
+from tests.pipeline_energy.plans import profile_of, solve
 
 F, B = Instruction.FORWARD, Instruction.BACKWARD
-
-
-def _profile(table: dict[tuple[int, Instruction], list[tuple[int, float, float]]], p2p_w: float) -> PipelineProfile:
-    return PipelineProfile(tuple(ProfileRow(s, i, f, t, e) for (s, i), rows in table.items() for f, t, e in rows),
-                           p2p_w)
 
 
 @pytest.mark.parametrize("stages,microbatches", [(2, 2), (4, 8), (3, 5)])
@@ -40,7 +35,7 @@ def test_dag_critical_path_is_the_simulated_iteration_time(stages, microbatches)
         assert finish[key] == pytest.approx(op.end, rel=1e-12)
     # Energy: compute energy plus blocking power over exactly the simulator's bubbles.
     table = {(s, i): [(1500, (forward if i is F else backward)[s], 3.0 + s)] for s in range(stages) for i in (F, B)}
-    profile = _profile(table, p2p_w=40.0)
+    profile = profile_of(table, p2p_w=40.0)
     point = dag.evaluate(dag.max_frequency_plan(profile), profile)
     compute = sum(3.0 + k.stage for k in dag.instructions)
     assert point.energy_j == pytest.approx(compute + 40.0 * sum(b.length for b in bubbles), rel=1e-9)
@@ -56,7 +51,7 @@ def _small_profile() -> PipelineProfile:
         (1, F): [(10, 6.0), (11, 5.5), (12, 5.3)],
         (1, B): [(30, 12.0), (31, 11.2), (32, 10.9)],
     }
-    return _profile({k: [(f, ms / 1000, e) for f, (ms, e) in zip(freqs, v)] for k, v in rows.items()}, p2p_w=10.0)
+    return profile_of({k: [(f, ms / 1000, e) for f, (ms, e) in zip(freqs, v)] for k, v in rows.items()}, p2p_w=10.0)
 
 
 def test_lowtime_frontier_equals_brute_force_on_2_stages_x_2_microbatches():
@@ -73,11 +68,7 @@ def test_lowtime_frontier_equals_brute_force_on_2_stages_x_2_microbatches():
 
 
 def test_zero_slowdown_plan_is_never_slower_than_all_max_and_saves_energy():
-    profile = _small_profile()
-    dag = InstructionDAG(one_f_one_b(2, 2))
-    frontier = lowtime_frontier(dag, profile, unit_s=0.001)
-    baseline = dag.evaluate(dag.max_frequency_plan(profile), profile)
-    free = ByMaxSlowdown(0.0).choose(frontier, baseline)
+    _, frontier, baseline, free = solve(_small_profile(), microbatches=2)
     assert free.time_s <= baseline.time_s
     assert free.energy_j < baseline.energy_j  # stage 0 has slack: slowing it is free
     relaxed = ByMaxSlowdown(0.05).choose(frontier, baseline)
@@ -87,9 +78,7 @@ def test_zero_slowdown_plan_is_never_slower_than_all_max_and_saves_energy():
 
 def test_plan_choice_errors_name_the_fix():
     profile = _small_profile()
-    dag = InstructionDAG(one_f_one_b(2, 2))
-    frontier = lowtime_frontier(dag, profile, unit_s=0.001)
-    baseline = dag.evaluate(dag.max_frequency_plan(profile), profile)
+    dag, frontier, baseline, _ = solve(profile, microbatches=2)
     with pytest.raises(ValueError, match="Relax the bound"):
         ByDeadline(0.5 * baseline.time_s).choose(frontier, baseline)
     with pytest.raises(ValueError, match="negative"):

@@ -3,7 +3,6 @@ import pytest
 
 from hydro.bubbles.schedule import one_f_one_b
 from schedulers.pipeline_energy import (
-    ByMaxSlowdown,
     EnergyOrTrials,
     Instruction,
     InstructionDAG,
@@ -12,9 +11,9 @@ from schedulers.pipeline_energy import (
     SlackUse,
     StageSlack,
     apply_choices,
-    lowtime_frontier,
     stage_slack,
 )
+from tests.pipeline_energy.plans import solve
 
 
 def _profile() -> PipelineProfile:
@@ -29,10 +28,7 @@ def _profile() -> PipelineProfile:
 
 def test_policy_picks_per_stage_and_reports_both_sides():
     profile = _profile()
-    dag = InstructionDAG(one_f_one_b(2, 4))
-    frontier = lowtime_frontier(dag, profile, unit_s=0.001)
-    baseline = dag.evaluate(dag.max_frequency_plan(profile), profile)
-    free = ByMaxSlowdown(0.0).choose(frontier, baseline)
+    dag, _, baseline, free = solve(profile, microbatches=4)
     slacks = stage_slack(dag, profile, free, fill_share=0.6, fill_power_w=300.0)
     assert slacks[0].slack_s > slacks[1].slack_s >= 0
     assert slacks[0].energy_saved_j > 0
