@@ -23,15 +23,13 @@ import torch
 
 from hydro.bubbles.schedule import one_f_one_b
 from hydro.bubbles.stage import PipelineSpec
-from hydro.energy.frequency import DVFSModel, SimulatedDVFSDevice
-from hydro.energy.pipeline_profiler import blocking_power_w, profile_pipeline, reference_instructions
-from hydro.energy.simulated import VirtualClock
+from hydro.energy.frequency import DVFSModel
+from hydro.energy.pipeline_profiler import reference_instructions, simulated_pipeline_profile
 from schedulers.pipeline_energy import (
     ByMaxSlowdown,
     EnergyOrTrials,
     Instruction,
     InstructionDAG,
-    PipelineProfile,
     PlanPoint,
     apply_choices,
     lowtime_frontier,
@@ -59,15 +57,6 @@ def host_times(spec: PipelineSpec, stages: int, samples: int) -> list[dict[Instr
     return fastest
 
 
-def simulated_profile(host_s: list[dict[Instruction, float]], model: DVFSModel) -> PipelineProfile:
-    """The Perseus profile the simulated DVFS devices give for instructions of the measured host times."""
-    clock, host = VirtualClock(), VirtualClock()
-    devices = [SimulatedDVFSDevice(f"sim-gpu{s}", model, clock) for s in range(len(host_s))]
-    runs = [{kind: (lambda s=s: host.advance(s)) for kind, s in stage.items()} for stage in host_s]
-    p2p_w = blocking_power_w(devices[0], lambda: (clock.advance(1.0), 1.0)[1])
-    return profile_pipeline(runs, devices, p2p_w, repeats=1, warmup=0, host_clock=host.now)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, default=4)
@@ -86,7 +75,7 @@ def main() -> None:
     spec = PipelineSpec(width=256, depth=8, microbatches=args.microbatches, microbatch_size=args.microbatch_size)
     model = DVFSModel(CLOCKS_MHZ)
     host_s = host_times(spec, args.stages, args.samples)
-    profile = simulated_profile(host_s, model)
+    profile = simulated_pipeline_profile(host_s, model)
     profile.write_csv(args.out / "pipeline_energy_profile.csv")
     dag = InstructionDAG(one_f_one_b(args.stages, args.microbatches))
     baseline = dag.evaluate(dag.max_frequency_plan(profile), profile)

@@ -19,7 +19,8 @@ from torch import nn
 
 from hydro.bubbles.stage import PipelineSpec
 from hydro.energy.device import EnergyDevice
-from hydro.energy.frequency import restoring_default_clock
+from hydro.energy.frequency import DVFSModel, SimulatedDVFSDevice, restoring_default_clock
+from hydro.energy.simulated import VirtualClock
 from schedulers.pipeline_energy.profile import Instruction, PipelineProfile, ProfileRow
 from schedulers.pipeline_energy.scan import DownwardScan
 
@@ -81,6 +82,16 @@ def profile_pipeline(instructions: Sequence[Mapping[Instruction, InstructionRun]
             for kind in Instruction
             for mhz, seconds, joules in scan_instruction(device, runs[kind], **scan_options)]
     return PipelineProfile(tuple(rows), p2p_power_w)
+
+
+def simulated_pipeline_profile(host_s: Sequence[Mapping[Instruction, float]], model: DVFSModel) -> PipelineProfile:
+    """The profile simulated DVFS devices (one per stage, virtual clocks) give instructions whose host side
+    takes ``host_s[stage][instruction]`` seconds at the top clock; P2P power measured on the first device."""
+    clock, host = VirtualClock(), VirtualClock()
+    devices = [SimulatedDVFSDevice(f"sim-gpu{s}", model, clock) for s in range(len(host_s))]
+    runs = [{kind: (lambda s=s: host.advance(s)) for kind, s in stage.items()} for stage in host_s]
+    p2p_w = blocking_power_w(devices[0], lambda: (clock.advance(1.0), 1.0)[1])
+    return profile_pipeline(runs, devices, p2p_w, repeats=1, warmup=0, host_clock=host.now)
 
 
 def reference_instructions(spec: PipelineSpec, stage: int, num_stages: int,

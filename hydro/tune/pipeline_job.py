@@ -20,8 +20,10 @@ import torch
 from hydro.bubbles.fill import FillSpec
 from hydro.bubbles.gate import BubbleGate
 from hydro.bubbles.host import DedicatedHost, FillHost
+from hydro.bubbles.schedule import one_f_one_b
 from hydro.bubbles.hooks import BubbleRecorder
 from hydro.bubbles.stage import PipelineSpec, PipelineStage
+from hydro.energy.device import EnergyDevice
 
 
 class StageHost(FillHost):
@@ -74,6 +76,15 @@ class StageHost(FillHost):
         checkpoint = self.detach_fill()
         torch.distributed.destroy_process_group()
         return checkpoint
+
+    def run_frequency_plan(self, iterations: int, frequencies: list[int], device: EnergyDevice) -> dict:
+        """Run ``iterations`` with ``frequencies`` (MHz per instruction of this stage, schedule order) on
+        ``device``; returns the losses, wall time, the device's energy (J) and its clock afterwards."""
+        os.sched_setaffinity(0, self.cpus)
+        energy, started = device.energy_j(), time.time()
+        losses = self.stage.run_frequency_plan(iterations, frequencies, device)
+        return {"stage": self.stage.stage, "losses": losses, "wall_s": time.time() - started,
+                "energy_j": device.energy_j() - energy, "frequency_after_mhz": device.get_frequency_mhz()}
 
 
 def stage_actor(num_cpus: float = 1):
@@ -131,6 +142,20 @@ class PipelineJob:
         for actor in self.stages:
             ray.kill(actor)
         return checkpoints
+
+    def run_frequency_plan(self, iterations: int, stage_frequencies: list[list[int]],
+                           devices: list[EnergyDevice]) -> list[dict]:
+        """Run ``iterations`` with a Perseus plan: ``stage_frequencies[s]`` (MHz per instruction) applied on
+        ``devices[s]`` by stage ``s``; every device's default clock is restored however the run ends."""
+        if not len(stage_frequencies) == len(devices) == self.num_stages:
+            raise ValueError(f"pipeline_job: {self.num_stages} stages need one frequency list and one device each; "
+                             f"got {len(stage_frequencies)} and {len(devices)}.")
+        lengths = [len(ops) for ops in one_f_one_b(self.num_stages, self.spec.microbatches)]
+        if [len(f) for f in stage_frequencies] != lengths:  # checked here: one stage refusing would hang the others
+            raise ValueError(f"pipeline_job: the stages run {lengths} instructions per iteration; the plan gives "
+                             f"{[len(f) for f in stage_frequencies]} frequencies (one per instruction, schedule order).")
+        return ray.get([s.run_frequency_plan.remote(iterations, f, d)
+                        for s, f, d in zip(self.stages, stage_frequencies, devices)])
 
 
 def start_dedicated_hosts(service, count: int, num_cpus: float = 1, fill_memory_bytes: int | None = None) -> list:

@@ -63,7 +63,7 @@ def operation_spec(profile: PipelineProfile, stage: int, instruction: Instructio
 def lowtime_frontier(dag: InstructionDAG, profile: PipelineProfile, unit_s: float) -> list[PlanPoint]:
     """The time-energy frontier of ``dag``'s frequency plans (fastest first), solved with lowtime."""
     fastest = min(profile.fastest(s, i).time_s for s in range(profile.num_stages) for i in Instruction)
-    if not 0 < unit_s <= fastest / 10:
+    if not 0 < unit_s <= fastest / 10 * (1 + 1e-9):
         raise ValueError(f"pipeline_energy: unit_s={unit_s} s must be positive and at most a tenth of the fastest "
                          f"instruction ({fastest:.3g} s), or rounding decides the plan; use a smaller unit.")
     specs = {(s, i): operation_spec(profile, s, i, unit_s) for s in range(profile.num_stages) for i in Instruction}
