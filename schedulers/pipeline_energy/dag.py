@@ -98,6 +98,15 @@ class InstructionDAG:
             finish[key] = start + durations_s[key]
         return finish
 
+    def slack_s(self, durations_s: Mapping[InstructionKey, float]) -> dict[InstructionKey, float]:
+        """How much later (s) each instruction could finish without lengthening the iteration (0: critical)."""
+        finish = self.finish_times(durations_s)
+        end = max(finish.values())
+        latest: dict[InstructionKey, float] = {}
+        for key in reversed(self._topological):
+            latest[key] = min((latest[s] - durations_s[s] for s in self.graph.successors(key)), default=end)
+        return {key: latest[key] - finish[key] for key in finish}
+
     def iteration_time_s(self, durations_s: Mapping[InstructionKey, float]) -> float:
         """The critical path length (s)."""
         return max(self.finish_times(durations_s).values())

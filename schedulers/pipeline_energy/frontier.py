@@ -6,7 +6,9 @@ power times its time: the iteration's energy is the sum of those costs plus stag
 time, so at a fixed iteration time the solver minimises energy. The cost model is the lower convex hull of
 the profiled (duration, cost) points, interpolated linearly (the solver needs convex costs; lowtime's
 default exponential fit can miss points). Each plan lowtime yields is re-evaluated on the profile's rows;
-the frontier keeps the Pareto-optimal ones, fastest first.
+its fastest plan is also sped up to the all-max-clock time where rounding made it slower
+(:func:`~schedulers.pipeline_energy.rounding.speed_up_to`); the frontier keeps the Pareto-optimal plans,
+fastest first.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from lowtime.solver import PhillipsDessouky
 
 from schedulers.pipeline_energy.dag import InstructionDAG, PlanPoint, pareto_front
 from schedulers.pipeline_energy.profile import Instruction, PipelineProfile
+from schedulers.pipeline_energy.rounding import speed_up_to
 
 logger = logging.getLogger(__name__)
 
@@ -90,4 +93,6 @@ def lowtime_frontier(dag: InstructionDAG, profile: PipelineProfile, unit_s: floa
         points.append(current())
         logger.debug("lowtime iteration %d: %d units, modelled cost %.3f J", result.iteration, result.quant_time,
                      result.cost)
+    all_max = dag.evaluate(dag.max_frequency_plan(profile), profile)
+    points.append(speed_up_to(dag, profile, min(points, key=lambda p: p.time_s), all_max.time_s))
     return pareto_front(points)

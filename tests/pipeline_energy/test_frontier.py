@@ -85,3 +85,23 @@ def test_plan_choice_errors_name_the_fix():
         ByMaxSlowdown(-0.1)
     with pytest.raises(ValueError, match="smaller unit"):
         lowtime_frontier(dag, profile, unit_s=0.005)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fastest_plan_matches_all_max_despite_rounding(seed):
+    """Random 3-stage profiles whose times are not multiples of the (coarse) unit: the frontier's fastest plan
+    is never slower than all-max clocks, and never uses more energy."""
+    rng = random.Random(seed)
+    table = {}
+    for s in range(3):
+        for kind, base in ((F, rng.uniform(0.010, 0.02)), (B, rng.uniform(0.02, 0.04))):
+            table[(s, kind)] = [(1800 - 150 * n, base * (1 + 0.07 * n + rng.uniform(0, 0.02)),
+                                 base * 300 * (1 - 0.06 * n + 0.012 * n * n)) for n in range(6)]
+    profile = profile_of(table, p2p_w=70.0)
+    dag = InstructionDAG(one_f_one_b(3, 4))
+    frontier = lowtime_frontier(dag, profile, unit_s=0.001)
+    baseline = dag.evaluate(dag.max_frequency_plan(profile), profile)
+    free = ByMaxSlowdown(0.0).choose(frontier, baseline)
+    assert free.time_s <= baseline.time_s * (1 + 1e-12)
+    assert free.energy_j <= baseline.energy_j
+    assert frontier[0] == free
