@@ -67,6 +67,8 @@ def main() -> None:
                         help="lowtime's time unit (default: the smaller of fastest instruction/10, iteration/1000)")
     parser.add_argument("--fill-share", type=float, default=0.62,
                         help="share of bubble time the squeezer turns into trial compute (README: 62%% measured)")
+    parser.add_argument("--trial-value-w", type=float, default=None,
+                        help="J one second of trial work is worth (default: a dedicated device's power at max clock)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -108,17 +110,19 @@ def main() -> None:
               f"{point.energy_j:.3f} | {1 - point.energy_j / baseline.energy_j:.1%} |")
 
     free = choices["zero slowdown"]
-    policy = EnergyOrTrials(joules_per_trial_s=model.power_w(model.max_mhz))
+    policy = EnergyOrTrials(args.trial_value_w if args.trial_value_w is not None else model.power_w(model.max_mhz))
     slacks = stage_slack(dag, profile, free, fill_share=args.fill_share, fill_power_w=model.power_w(model.max_mhz))
     decisions = [policy.choose(s) for s in slacks]
     combined = apply_choices(dag, profile, free, decisions)
-    print(f"\nslack policy on the zero-slowdown plan (trial work valued at a dedicated device's "
-          f"{policy.joules_per_trial_s:.0f} W; squeezer uses {args.fill_share:.0%} of bubble time):")
-    print("| stage | slack ms/iter | energy saved J/iter | trial work ms/iter | trial value J/iter | choice |")
-    print("|---|---|---|---|---|---|")
+    print(f"\nslack policy on the zero-slowdown plan (a second of trial work is worth {policy.joules_per_trial_s:.0f} J; "
+          f"the squeezer turns {args.fill_share:.0%} of bubble time into trial work):")
+    print("| stage | slack ms/iter | energy saved J/iter | trial work ms/iter | trial value J/iter | trials win above "
+          "| choice |")
+    print("|---|---|---|---|---|---|---|")
     for slack, use in zip(slacks, decisions):
         print(f"| {slack.stage} | {slack.slack_s * 1e3:.3f} | {slack.energy_saved_j:.3f} | "
-              f"{slack.trial_work_s * 1e3:.3f} | {policy.trials_value_j(slack):.3f} | {use.value} |")
+              f"{slack.trial_work_s * 1e3:.3f} | {policy.trials_value_j(slack):.3f} | {slack.break_even_w:.0f} W "
+              f"| {use.value} |")
     print(f"combined plan: {combined.time_s * 1e3:.3f} ms ({combined.time_s / baseline.time_s - 1:+.2%}), "
           f"{combined.energy_j:.3f} J without the fill's energy (saved {1 - combined.energy_j / baseline.energy_j:.1%})")
 
@@ -133,7 +137,8 @@ def main() -> None:
         "unit_s": unit_s, "solve_s": solve_s, "baseline": row(baseline), "frontier": [row(p) for p in frontier],
         "plans": {name: {**row(p), "stage_frequencies_mhz": dag.stage_plans(p.frequencies),
                          "energy_saved": 1 - p.energy_j / baseline.energy_j} for name, p in choices.items()},
-        "slack_policy": [{**vars(s), "trials_value_j": policy.trials_value_j(s), "choice": u.value}
+        "slack_policy": [{**vars(s), "trials_value_j": policy.trials_value_j(s), "break_even_w": s.break_even_w,
+                          "choice": u.value}
                          for s, u in zip(slacks, decisions)],
         "combined": row(combined),
     }

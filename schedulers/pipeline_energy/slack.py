@@ -33,6 +33,13 @@ class StageSlack:
     trial_work_s: float  # trial compute the squeezer fits into the slack
     trial_energy_j: float  # extra energy that compute draws over blocking
 
+    @property
+    def break_even_w(self) -> float:
+        """The value of one second of trial work (J/s) above which trials beat the energy saving here."""
+        if self.trial_work_s <= 0:
+            return float("inf")
+        return (self.energy_saved_j + self.trial_energy_j) / self.trial_work_s
+
 
 class SlackPolicy(ABC):
     """Decides how one stage uses its slack."""

@@ -49,6 +49,7 @@ def test_policy_compares_value_and_saving():
     assert EnergyOrTrials(300.0).trials_value_j(slack) == pytest.approx(10.0)
     assert EnergyOrTrials(300.0).choose(slack) is SlackUse.ENERGY  # a tie keeps the free energy saving
     assert EnergyOrTrials(301.0).choose(slack) is SlackUse.TRIALS
+    assert slack.break_even_w == pytest.approx(300.0)
     with pytest.raises(ValueError, match="negative"):
         EnergyOrTrials(-1.0)
     with pytest.raises(ValueError, match="fill_share"):
