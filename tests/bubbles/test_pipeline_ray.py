@@ -1,12 +1,11 @@
 """A real 2-stage 1F1B pipeline on a local Ray cluster: bubbles reported, fill trials exact and kept."""
 import pytest
 import torch
-from torch import nn
 
 from hydro.bubbles import FillSpec, FillTrial, PipelineSpec
 from hydro.bubbles.fill import FillTooLarge
 from hydro.tune.pipeline_job import PipelineJob
-from tests.bubbles.alone import same_state, train_alone
+from tests.bubbles.alone import same_state, train_alone, train_unsplit
 
 SPEC = PipelineSpec(width=128, depth=6, microbatches=4, microbatch_size=16)
 FILL = FillSpec(configs=[{"lr": 0.1, "momentum": 0.9}, {"lr": 0.02}])
@@ -41,14 +40,7 @@ def test_pipeline_trains_like_the_unsplit_model_and_reports_its_bubbles(job):
     # The last stage's first wait of each iteration covers the first stage's forwards: predicted > 0.
     assert reports[1]["bubbles"][0]["predicted_s"] > 0
     # Same training as the unsplit model with microbatch gradient accumulation (5 iterations so far).
-    model = SPEC.full_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=SPEC.lr)
-    for iteration in range(5):
-        x, y = SPEC.batch(iteration)
-        for i in range(SPEC.microbatches):
-            (nn.functional.cross_entropy(model(x[i]), y[i]) / SPEC.microbatches).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    model = train_unsplit(SPEC, 5)
     import ray
 
     stage_weights = ray.get([s.weights.remote() for s in job.stages])

@@ -3,13 +3,13 @@ simulated DVFS device: the planned clocks change speed and energy, not training,
 import pytest
 import ray
 import torch
-from torch import nn
 
 from hydro.bubbles import PipelineSpec
 from hydro.energy.frequency import DVFSModel, SimulatedDVFSDevice
 from hydro.energy.pipeline_profiler import simulated_pipeline_profile
 from hydro.tune.pipeline_job import PipelineJob
 from schedulers.pipeline_energy import Instruction
+from tests.bubbles.alone import train_unsplit
 from tests.pipeline_energy.plans import solve
 
 SPEC = PipelineSpec(width=64, depth=3, microbatches=4, microbatch_size=16)
@@ -35,14 +35,7 @@ def test_zero_slowdown_plan_runs_on_the_pipeline_and_restores_clocks(ray_cluster
     assert [r["frequency_after_mhz"] for r in reports] == [MODEL.max_mhz] * 2
     assert all(r["energy_j"] > 0 for r in reports)
     # Same training as the unsplit model (2 iterations; the refused run did no work).
-    model = SPEC.full_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=SPEC.lr)
-    for iteration in range(2):
-        x, y = SPEC.batch(iteration)
-        for i in range(SPEC.microbatches):
-            (nn.functional.cross_entropy(model(x[i]), y[i]) / SPEC.microbatches).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    model = train_unsplit(SPEC, 2)
     actual = [t for w in weights for t in w.values()]
     for a, e in zip(actual, model.state_dict().values()):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
