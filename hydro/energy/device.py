@@ -51,3 +51,6 @@ class EnergyDevice(ABC):
 
     def close(self) -> None:
         """Release background resources (samplers); the default has none."""
+
+    def synchronize(self) -> None:
+        """Wait until the work queued on the device has finished, so a read covers it; the default has no queue."""

@@ -12,7 +12,7 @@ from hydro.energy.power_limit import PowerLimitWarning
 from hydro.energy.simulated import StepProfile
 from hydro.energy.trial import TrialEnergy
 from schedulers.energy.batch_size import Observation
-from schedulers.energy.store import EnergyStore
+from schedulers.energy.store import ClaimOwner, EnergyStore
 
 PROFILE = {
     250: StepProfile(1.0, 240.0),
@@ -52,16 +52,19 @@ def test_first_run_profiles_later_runs_reuse(tmp_path):
 
 def test_concurrent_run_waits_for_claimed_profile(tmp_path):
     store = EnergyStore(tmp_path / "state.db")
-    assert store.claim_profile("m", 32)  # another trial is profiling
+    other = ClaimOwner("elsewhere", 1, "token")
+    assert store.claim_profile("m", 32, other)  # another trial is profiling
     dev, m, profiled = _run(store, 5)
     assert not profiled and dev.set_calls == [] and m["power_limit_w"] is None
+    assert store.claim_holder("m", 32)[0] == other
 
 
 def test_interrupted_profiling_releases_claim(tmp_path):
     store = EnergyStore(tmp_path / "state.db")
     _run(store, 2)  # stops before profiling finishes
     assert store.load_profile("m", 32) == []
-    assert store.claim_profile("m", 32)  # the claim was released
+    assert store.claim_holder("m", 32) is None  # the claim was released
+    assert store.claim_profile("m", 32, ClaimOwner.this_process())
 
 
 def test_no_permission_measures_and_leaves_nothing_set(tmp_path):
@@ -69,7 +72,7 @@ def test_no_permission_measures_and_leaves_nothing_set(tmp_path):
     with pytest.warns(PowerLimitWarning):
         dev, m, profiled = _run(store, 10, allow_set=False)
     assert dev.set_calls == [] and m["energy_j"] == pytest.approx(10 * 240.0) and not profiled
-    assert store.claim_profile("m", 32)
+    assert store.claim_holder("m", 32) is None
 
 
 def test_cost_needs_max_power_without_controllable_device(tmp_path):
