@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
+from hydro.energy.detect import detect_devices
 from hydro.energy.tuning import DeviceSource, EnergySettings
 from hydro.trial.plan import HYDRO_KEY, TrialKind
 from hydro.trial.spec import TuneSpec
@@ -192,9 +193,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace, spec: TuneSpec, job: str) -> EnergySettings | None:
-    """The :class:`EnergySettings` of ``hydro tune`` arguments (None without ``--energy``)."""
+    """The :class:`EnergySettings` of ``hydro tune`` arguments (None without ``--energy``). On an embedded local
+    cluster, ``--energy-devices detect`` must find a device on this host."""
     if not args.energy:
         return None
+    local = not (args.address or os.environ.get("RAY_ADDRESS"))
+    if args.energy_devices == DeviceSource.DETECT and local and not detect_devices():
+        raise SystemExit("hydro tune --energy: no device to measure on this host (no NVIDIA GPU through NVML, no "
+                         "readable RAPL; see the warning above); use --energy-devices simulated on a CPU-only machine")
     sizes = args.energy_batch_sizes
     if sizes is None:
         sizes = sorted({max(1, spec.batch_size // 2), spec.batch_size, spec.batch_size * 2})
