@@ -6,7 +6,8 @@ Safe for several processes (trials) at once: SQLite locking with a busy timeout.
 
 A profiling claim names its owner (host, pid, start token) and holds a lease (s, on the store's wall clock)
 that the owner renews while it profiles; a claim whose lease ran out (its owner was SIGKILLed, or its host
-died) is taken over by the next run that asks.
+died) is taken over by the next run that asks, and so is, at once, a claim whose owner process on this same
+host no longer exists.
 """
 from __future__ import annotations
 
@@ -53,6 +54,18 @@ class ClaimOwner:
         """A new owner for a run in this process (a fresh token, so a reused pid is another owner)."""
         return cls(socket.gethostname(), os.getpid(), uuid.uuid4().hex)
 
+    def gone(self) -> bool:
+        """True if the owner is a process of this host that no longer exists (a live reused pid counts as alive)."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # exists, another user's
+            return False
+        return False
+
 
 class EnergyStore:
     """State file at ``path`` (created with its parent directory if missing); ``clock`` (s, default
@@ -77,16 +90,17 @@ class EnergyStore:
     # ------------------------------------------------------------ profiles
     def claim_profile(self, model: str, batch_size: int, owner: ClaimOwner, lease_s: float = DEFAULT_LEASE_S) -> bool:
         """Reserve profiling of (model, batch size) for ``owner`` for ``lease_s`` seconds. False if it is
-        profiled already or another owner's lease has not run out; an expired claim is taken over."""
+        profiled already or another live owner's lease has not run out; an expired claim, or one whose owner
+        process on this host is gone, is taken over."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")  # read and write the claim in one locked transaction
             if db.execute("SELECT 1 FROM profiles WHERE model = ? AND batch_size = ? LIMIT 1",
                           (model, batch_size)).fetchone():
                 return False
-            row = db.execute("SELECT token, expires_s FROM profile_leases WHERE model = ? AND batch_size = ?",
+            row = db.execute("SELECT host, pid, token, expires_s FROM profile_leases WHERE model = ? AND batch_size = ?",
                              (model, batch_size)).fetchone()
             now = self.clock()
-            if row is not None and row[0] != owner.token and row[1] > now:
+            if row is not None and row[2] != owner.token and row[3] > now and not ClaimOwner(*row[:3]).gone():
                 return False
             db.execute("INSERT OR REPLACE INTO profile_leases VALUES (?, ?, ?, ?, ?, ?)",
                        (model, batch_size, owner.host, owner.pid, owner.token, now + lease_s))

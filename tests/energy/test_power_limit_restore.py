@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -189,7 +190,8 @@ def test_expired_claim_of_a_killed_owner_is_taken_over(tmp_path):
     assert store.claim_holder("m", 32)[0] == second
 
 
-def test_sigkilled_process_claim_expires_after_its_lease(tmp_path):
+def test_sigkilled_process_claim_is_taken_over(tmp_path):
+    """On the same host at once (the owner's pid is gone); from another host once the lease has run out."""
     db = tmp_path / "s.db"
     code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r})\n"
             "from schedulers.energy.store import ClaimOwner, EnergyStore\n"
@@ -198,13 +200,21 @@ def test_sigkilled_process_claim_expires_after_its_lease(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "True"
+        holder, _ = EnergyStore(db).claim_holder("m", 32)
+        assert holder.pid == child.pid and holder.host == socket.gethostname() and not holder.gone()
+        assert not EnergyStore(db).claim_profile("m", 32, ClaimOwner.this_process())  # alive, within its lease
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
     finally:
         child.kill()
-    holder, expires = EnergyStore(db).claim_holder("m", 32)
-    assert holder.pid == child.pid and holder.host == os.uname().nodename
-    me = ClaimOwner.this_process()
-    assert not EnergyStore(db).claim_profile("m", 32, me)  # within the lease
+    assert holder.gone()
+    remote = ClaimOwner("other-host", holder.pid, holder.token)  # the same claim, seen as another host's
+    store = EnergyStore(db)
+    with store._connect() as conn:
+        conn.execute("UPDATE profile_leases SET host = ?", (remote.host,))
+    assert not store.claim_profile("m", 32, ClaimOwner.this_process())  # cannot tell: waits for the lease
     later = EnergyStore(db, clock=lambda: time.time() + 31)
-    assert later.claim_profile("m", 32, me)  # taken over after it
+    assert later.claim_profile("m", 32, ClaimOwner.this_process())  # taken over after it
+    with store._connect() as conn:
+        conn.execute("UPDATE profile_leases SET host = ?, pid = ?, token = ?", (socket.gethostname(), child.pid, "t"))
+    assert store.claim_profile("m", 32, ClaimOwner.this_process())  # a gone local owner: at once
