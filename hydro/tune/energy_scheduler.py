@@ -19,7 +19,8 @@ Hydro's own trials (``hydro tune --energy``, :func:`for_hydro`): the bandit's ba
 a new fused group (the batch size is a group key); the cost compared is ``member_epoch_cost`` (J per member per
 epoch trained, so groups of any size and members stopped early compare); a fused trial converged when it ended
 without being stopped by the bound. The full-size target trial is measured and reported but neither sized,
-stopped nor recorded here: its cost is not comparable with the surrogates'.
+stopped nor recorded here (its cost is not comparable with the surrogates'); it trains with the batch size its
+configuration was tuned with (that of the best member's group).
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ class EnergyScheduler(FIFOScheduler):
                 if o.batch_size in self.bandit.batch_sizes:
                     self.bandit.observe(o.batch_size, o.cost, o.converged)
         self._assigned: dict[str, int] = {}
+        self._member_batch: dict[str, int] = {}  # Hydro member id -> the batch size its group trained with
         self._stopped: set[str] = set()
         self._last_cost: dict[str, float] = {}
 
@@ -86,10 +88,18 @@ class EnergyScheduler(FIFOScheduler):
         return None if best is None else self.beta * best
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
-        if self.bandit is not None and not _is_target(trial.config):
-            choice = self.bandit.choose()
-            _set_batch_size(trial.config, self.keys["batch_size"], choice)
-            self._assigned[trial.trial_id] = choice
+        if self.bandit is None:
+            return
+        if _is_target(trial.config):  # the batch size its configuration was tuned with
+            source = trial.config[HYDRO_KEY]["source"].get("member")
+            if source in self._member_batch:
+                _set_batch_size(trial.config, self.keys["batch_size"], self._member_batch[source])
+            return
+        choice = self.bandit.choose()
+        _set_batch_size(trial.config, self.keys["batch_size"], choice)
+        self._assigned[trial.trial_id] = choice
+        if HYDRO_KEY in trial.config:
+            self._member_batch.update((m["id"], choice) for m in trial.config[HYDRO_KEY]["members"])
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         if _is_target(trial.config):
@@ -144,14 +154,15 @@ def _is_target(config: Mapping) -> bool:
 
 
 def _set_batch_size(config: dict, key: str, batch_size: int) -> None:
-    """Set the trial's batch size: of every member of a Hydro trial (and its column), else ``config[key]``."""
+    """Set the trial's batch size: ``config[key]``, and of every member of a Hydro trial (a fused group's
+    column holds one value per member)."""
     if HYDRO_KEY not in config:
         config[key] = batch_size
         return
     members = config[HYDRO_KEY]["members"]
     for member in members:
         member["config"][key] = batch_size
-    config[key] = [batch_size] * len(members)
+    config[key] = batch_size if _is_target(config) else [batch_size] * len(members)
 
 
 def _batch_size(config: Mapping, key: str) -> int | None:

@@ -2,6 +2,8 @@
 on simulated GPUs whose member table shows each member's energy and cost."""
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import ray
@@ -37,3 +39,6 @@ def test_energy_run_reports_energy_and_cost_per_member(tmp_path, capsys):
     surrogates = table[table["kind"] == "surrogate"]
     assert set(surrogates["config/batch_size"]) <= {16, 32}  # the bandit's choice, per fused group
     assert surrogates.groupby("trial")["config/batch_size"].nunique().eq(1).all()
+    target = table.loc[table["kind"] == "target", "config/batch_size"].item()  # its source member's batch size
+    best = json.loads((tmp_path / "runs" / "cli" / "hydro_best.json").read_text())["source"]["member"]
+    assert target == surrogates.set_index("member").loc[best, "config/batch_size"]
