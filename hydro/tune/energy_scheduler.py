@@ -18,9 +18,9 @@ then keeps one pending trial, or ``max_concurrent_trials``) or set ``TUNE_MAX_PE
 Hydro's own trials (``hydro tune --energy``, :func:`for_hydro`): the bandit's batch size goes to every member of
 a new fused group (the batch size is a group key); the cost compared is ``member_epoch_cost`` (J per member per
 epoch trained, so groups of any size and members stopped early compare); a fused trial converged when it ended
-without being stopped by the bound. The full-size target trial is measured and reported but neither sized,
-stopped nor recorded here (its cost is not comparable with the surrogates'); it trains with the batch size its
-configuration was tuned with (that of the best member's group).
+without being stopped by the bound. The full-size target trial is measured and reported but neither stopped nor
+recorded here (its cost is not comparable with the surrogates'), and gets no bandit choice: it trains with the
+batch size its configuration was tuned with (that of the best member's group).
 """
 from __future__ import annotations
 
