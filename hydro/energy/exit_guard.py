@@ -4,7 +4,7 @@ Used to put GPU power limits back when a plain trial process is stopped. The sig
 while at least one callback is registered (from the main thread; elsewhere only ``atexit`` applies) and chain
 the handlers that were there before: after the callbacks, the previous Python handler runs (SIGINT's default
 raises ``KeyboardInterrupt``); a previous default action (SIGTERM's) is re-delivered so the process still ends
-by that signal; an ignored signal stays ignored.
+by that signal. An ignored signal stays ignored, and one whose handler was not set from Python is left alone.
 """
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     _uninstall()
     if callable(previous):
         previous(signum, frame)
-    elif previous == signal.SIG_DFL:
-        os.kill(os.getpid(), signum)  # the default action, now that our handler is gone
+    else:  # SIG_DFL: the default action (the process ends by the signal)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def _install() -> None:
@@ -51,8 +52,10 @@ def _install() -> None:
         logger.debug("exit guard: not the main thread, so SIGTERM/SIGINT are not handled (atexit still is)")
         return
     for signum in SIGNALS:
-        if signum not in _previous:
-            _previous[signum] = signal.signal(signum, _handler)
+        current = signal.getsignal(signum)
+        if signum in _previous or current is None or current == signal.SIG_IGN:
+            continue  # ours already, a handler not from Python (cannot be chained), or ignored (stays ignored)
+        _previous[signum] = signal.signal(signum, _handler)
 
 
 def _uninstall() -> None:

@@ -127,6 +127,10 @@ def test_exit_guard_chains_the_previous_handler_and_uninstalls():
         assert signal.getsignal(signal.SIGINT) is exit_guard._handler
         exit_guard.release(cb)
         assert signal.getsignal(signal.SIGINT) is sigint and calls == ["restore"]
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # e.g. started with nohup: stays ignored
+        exit_guard.guard(cb)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        exit_guard.release(cb)
     finally:
         signal.signal(signal.SIGTERM, before)
 
