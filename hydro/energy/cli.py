@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from hydro.energy.report import format_table, plot_cumulative_cost, summarize, write_json
 from schedulers.energy.simulator import POLICIES, simulate_grid
 from schedulers.energy.traces import WORKLOADS
+
+
+RESULTS_ROOT = Path("~/hydro_results")
+
+
+def default_out_dir() -> Path:
+    """Where a run writes without ``--out``: ``~/hydro_results/energy_simulate_<UTC time>``."""
+    return RESULTS_ROOT.expanduser() / time.strftime("energy_simulate_%Y%m%d_%H%M%S", time.gmtime())
 
 
 def add_subparser(sub: argparse._SubParsersAction) -> None:
@@ -15,19 +24,25 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     energy_sub = energy.add_subparsers(dest="energy_command", required=True)
     sim = energy_sub.add_parser("simulate", help="Recurring jobs on the Zeus traces: savings and regret per policy.")
     sim.add_argument("--gpus", nargs="+", default=["v100", "p100"], help="power traces to use (default: v100 p100)")
-    sim.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    sim.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
-    sim.add_argument("--seeds", type=int, default=10, help="number of seeds, 0..N-1 (default 10)")
-    sim.add_argument("--recurrences", type=int, default=50)
-    sim.add_argument("--eta", type=float, default=0.5, help="energy weight of the cost, in [0, 1]")
-    sim.add_argument("--beta", type=float, default=2.0, help="early-stop bound factor, > 1")
-    sim.add_argument("--traces", default=None, help="Zeus trace dir (default $HYDRO_ZEUS_TRACES or ../shared/...)")
-    sim.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output directory")
+    sim.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS),
+                     help="Zeus workloads (default: all)")
+    sim.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES),
+                     help="policies compared (default: all)")
+    sim.add_argument("--seeds", type=int, default=10, help="number of seeds, 0..N-1 (default: %(default)s)")
+    sim.add_argument("--recurrences", type=int, default=50, help="recurrences of each job (default: %(default)s)")
+    sim.add_argument("--eta", type=float, default=0.5, help="energy weight of the cost, in [0, 1] (default: %(default)s)")
+    sim.add_argument("--beta", type=float, default=2.0, help="early-stop bound factor, > 1 (default: %(default)s)")
+    sim.add_argument("--traces", default=None,
+                     help="Zeus trace directory (default: $HYDRO_ZEUS_TRACES, else <repo>/../shared/data/zeus-traces)")
+    sim.add_argument("--out", type=Path, default=None,
+                     help=f"output directory (default: a new {RESULTS_ROOT}/energy_simulate_<UTC time>)")
     sim.set_defaults(func=run_simulate)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    """Simulate, print the summary table, write ``energy_simulation.json`` and ``energy_cumulative_cost.png``."""
+    """Simulate, print the summary table, write ``energy_simulation.json`` and ``energy_cumulative_cost.png``
+    to ``--out`` (default: a new directory under ``~/hydro_results``)."""
+    args.out = args.out or default_out_dir()
     results = simulate_grid(
         args.gpus, args.workloads, args.policies, range(args.seeds),
         recurrences=args.recurrences, eta=args.eta, beta=args.beta, traces_path=args.traces,
@@ -36,7 +51,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     print("Simulated on the Zeus traces (savings vs default b0 at max power; regret vs best fixed arm):")
     print(format_table(rows))
     args.out.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in vars(args).items() if k not in ("func", "out")}
+    config = {k: v for k, v in vars(args).items() if k not in ("func", "out", "command", "energy_command")}
     write_json(args.out / "energy_simulation.json", config, rows, results)
     plot_cumulative_cost(args.out / "energy_cumulative_cost.png", results)
     print(f"wrote {args.out / 'energy_simulation.json'} and {args.out / 'energy_cumulative_cost.png'}")

@@ -52,6 +52,9 @@ class EnergyDevice(ABC):
     def close(self) -> None:
         """Release background resources (samplers); the default has none."""
 
+    def synchronize(self) -> None:
+        """Wait until the work queued on the device has finished, so a read covers it; the default has no queue."""
+
     def supported_frequencies_mhz(self) -> list[int]:
         """Settable graphics clocks (MHz), highest first."""
         raise NotSupported(f"{self.name} has no settable clock frequency.")

@@ -70,6 +70,7 @@ class FrequencyPlanned(nn.Module):
         self._started = time.perf_counter()
 
     def _end(self) -> None:
+        self.device.synchronize()
         self.device.finish_instruction(time.perf_counter() - self._started)
         self.instructions += 1
 

@@ -1,4 +1,7 @@
-"""Measurement windows over a set of devices: named, nestable, returning time (s) and energy (J)."""
+"""Measurement windows over a set of devices: named, nestable, returning time (s) and energy (J).
+
+Every read first synchronises the devices (:meth:`EnergyDevice.synchronize`), so a window covers the work
+queued inside it, not just the time it took to queue it."""
 from __future__ import annotations
 
 import time
@@ -44,24 +47,25 @@ class EnergyMonitor:
         self._clock = clock
         self._open: dict[str, tuple[float, list[float]]] = {}
 
-    def _read(self) -> list[float]:
-        return [d.energy_j() for d in self.devices]
+    def _read(self) -> tuple[float, list[float]]:
+        """Time (s) and energy per device (J), after the devices finished their queued work."""
+        for d in self.devices:
+            d.synchronize()
+        return self._clock(), [d.energy_j() for d in self.devices]
 
     def begin_window(self, name: str) -> None:
         """Start window ``name``; windows may nest or overlap as long as names differ."""
         if name in self._open:
             raise WindowError(f"window {name!r} is already open; end it first or use another name.")
-        self._open[name] = (self._clock(), self._read())
+        self._open[name] = self._read()
 
     def peek_window(self, name: str) -> Measurement:
         """Time (s) and energy per device (J) of open window ``name`` so far; it stays open."""
         if name not in self._open:
             raise WindowError(f"window {name!r} was not begun (open: {sorted(self._open)}).")
         start, before = self._open[name]
-        after = self._read()
-        return Measurement(
-            self._clock() - start, {d.name: a - b for d, a, b in zip(self.devices, after, before)}
-        )
+        now, after = self._read()
+        return Measurement(now - start, {d.name: a - b for d, a, b in zip(self.devices, after, before)})
 
     def end_window(self, name: str) -> Measurement:
         """Close window ``name`` and return its time (s) and energy per device (J)."""

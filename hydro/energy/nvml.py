@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -97,10 +98,12 @@ class _PowerIntegrator:
 class NVMLDevice(EnergyDevice):
     """One GPU. ``index`` is its NVML index; ``name`` is ``gpu<i>`` with i the CUDA-visible index."""
 
-    def __init__(self, pynvml: ModuleType, handle: Any, name: str, *, sample_interval_s: float = 0.1) -> None:
+    def __init__(self, pynvml: ModuleType, handle: Any, name: str, *, sample_interval_s: float = 0.1,
+                 cuda_index: int | None = None) -> None:
         self._nvml = pynvml
         self._handle = handle
         self.name = name
+        self.cuda_index = cuda_index
         with nvml_errors(pynvml, f"{name}: nvmlDeviceGetArchitecture"):
             arch = pynvml.nvmlDeviceGetArchitecture(handle)
         self._integrator: _PowerIntegrator | None = None
@@ -142,6 +145,12 @@ class NVMLDevice(EnergyDevice):
         if self._integrator:
             self._integrator.stop()
             self._integrator = None
+
+    def synchronize(self) -> None:
+        """``torch.cuda.synchronize`` this GPU if this process has initialised CUDA (else nothing is queued)."""
+        torch = sys.modules.get("torch")
+        if torch is not None and self.cuda_index is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize(self.cuda_index)
 
     def _clock_call(self, what: str, call, *args):
         """One NVML clock call with typed errors (a permission error names the clock privilege)."""
@@ -208,4 +217,5 @@ def nvml_devices(env: Mapping[str, str] | None = None, *, sample_interval_s: flo
     named ``gpu0, gpu1, ...`` in CUDA order."""
     pynvml = load_pynvml()
     handles = _visible_handles(pynvml, os.environ if env is None else env)
-    return [NVMLDevice(pynvml, h, f"gpu{i}", sample_interval_s=sample_interval_s) for i, h in enumerate(handles)]
+    return [NVMLDevice(pynvml, h, f"gpu{i}", sample_interval_s=sample_interval_s, cuda_index=i)
+            for i, h in enumerate(handles)]

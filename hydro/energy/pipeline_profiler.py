@@ -26,7 +26,7 @@ from schedulers.pipeline_energy.scan import DownwardScan
 
 logger = logging.getLogger(__name__)
 
-InstructionRun = Callable[[], None]  # runs one instruction to completion (synchronising a GPU)
+InstructionRun = Callable[[], None]  # queues one instruction (the device is synchronised after it)
 
 
 def measure_instruction(device: EnergyDevice, run: InstructionRun, repeats: int,
@@ -37,6 +37,7 @@ def measure_instruction(device: EnergyDevice, run: InstructionRun, repeats: int,
     for _ in range(repeats):
         energy, start = device.energy_j(), host_clock()
         run()
+        device.synchronize()
         times.append(device.finish_instruction(host_clock() - start))
         energies.append(device.energy_j() - energy)
     return statistics.median(times), statistics.median(energies)
@@ -113,16 +114,10 @@ def reference_instructions(spec: PipelineSpec, stage: int, num_stages: int,
     graph = forward()
     grad = None if last else torch.randn(graph.shape, generator=generator).to(device)
 
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     def run_forward() -> None:
         forward()
-        synchronize()
 
     def run_backward() -> None:
         graph.backward(grad, retain_graph=True)
-        synchronize()
 
     return {Instruction.FORWARD: run_forward, Instruction.BACKWARD: run_backward}

@@ -1,10 +1,10 @@
 """Energy accounting and power-limit control for one training run (e.g. one Ray Tune trial).
 
 The power limit of a (model, batch size) is profiled once and reused: the first run claims the
-profile in the shared :class:`schedulers.energy.store.EnergyStore`, profiles during its first
-steps and stores the windows; later runs apply the stored choice at once. A run that finds the
-profile claimed but not finished trains at the maximum limit and checks the store every
-``poll_steps`` steps.
+profile in the shared :class:`schedulers.energy.store.EnergyStore` (a lease it renews while profiling),
+profiles during its first steps and stores the windows; later runs apply the stored choice at once. A run
+that finds the profile claimed but not finished trains at the limit it found and checks the store every
+``poll_steps`` steps; a claim whose lease ran out (its owner was killed) is taken over.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 
 from hydro.energy.device import EnergyDevice, EnergyError, NotSupported
 from hydro.energy.monitor import EnergyMonitor
-from hydro.energy.power_limit import PowerLimitProfiler
+from hydro.energy.power_limit import PowerLimitProfiler, power_ceiling_w
 from schedulers.energy.power_limit import PowerLimitOptimizer, energy_cost
-from schedulers.energy.store import EnergyStore
+from schedulers.energy.store import DEFAULT_LEASE_S, ClaimOwner, EnergyStore
 
 _RUN = "__hydro_trial"
 
@@ -23,6 +23,7 @@ _RUN = "__hydro_trial"
 def _controllable(d: EnergyDevice) -> bool:
     try:
         d.power_limit_range_w()
+        d.get_power_limit_w()
     except NotSupported:
         return False
     return True
@@ -33,8 +34,9 @@ class TrialEnergy:
     after each training step and report ``e.metrics()``: cumulative ``energy_j`` (J), ``time_s`` (s),
     ``cost`` (J, η·E + (1−η)·MaxPower·T) and the applied ``power_limit_w`` (W, None if none).
 
-    All ``devices`` are measured; those with a settable limit are controlled. ``max_power_w``
-    defaults to the sum of their maximum limits.
+    All ``devices`` are measured; those with a settable limit are controlled, never above ``ceiling_w``
+    (W; default: the lowest limit they have at start). ``max_power_w`` defaults to the ceiling times their
+    number. A profiling claim holds a lease of ``lease_s`` (s), renewed every third of it while profiling.
     """
 
     def __init__(
@@ -50,41 +52,61 @@ class TrialEnergy:
         window_steps: int = 40,
         poll_steps: int = 100,
         clock: Callable[[], float] = time.monotonic,
+        ceiling_w: float | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
         self.control = [d for d in devices if _controllable(d)]
+        self.ceiling_w = power_ceiling_w(self.control, ceiling_w) if self.control else None
         if max_power_w is None:
             if not self.control:
                 raise EnergyError(
                     "no device with a power limit to derive MaxPower from; pass max_power_w (W) for the cost."
                 )
-            max_power_w = sum(d.power_limit_range_w()[1] for d in self.control)
+            max_power_w = self.ceiling_w * len(self.control)
         self.store, self.model, self.batch_size = store, model, int(batch_size)
         self.eta, self.max_power_w = eta, float(max_power_w)
         self._monitor = EnergyMonitor(devices, clock)
-        self._profiling_args = {"eta": eta, "warmup_steps": warmup_steps, "window_steps": window_steps, "clock": clock}
+        self._profiling_args = {"eta": eta, "warmup_steps": warmup_steps, "window_steps": window_steps, "clock": clock,
+                                "ceiling_w": self.ceiling_w, "max_power_w": self.max_power_w}
         self._poll_steps = poll_steps
         self._steps = 0
+        self.owner = ClaimOwner.this_process()
+        self._lease_s = lease_s
         self._claimed = False
+        self._renewed_at = 0.0
         self.profiler: PowerLimitProfiler | None = None
         self.profiled_here = False
 
     def _stored_limit(self) -> int | None:
-        windows = self.store.load_profile(self.model, self.batch_size)
+        """The cheapest stored limit not above the ceiling, or None if (model, batch size) is not profiled."""
+        windows = [w for w in self.store.load_profile(self.model, self.batch_size) if w.power_limit_w <= self.ceiling_w]
         if not windows:
             return None
         return PowerLimitOptimizer.from_measurements(windows, eta=self.eta, max_power_w=self.max_power_w).best()
 
     def _save(self, limit: int, optimizer: PowerLimitOptimizer) -> None:
-        self.store.save_profile(self.model, self.batch_size, optimizer.measurements)
-        self.profiled_here = True
+        self.profiled_here = self.store.save_profile(self.model, self.batch_size, optimizer.measurements)
+        self._release()
+
+    def _release(self) -> None:
+        if self._claimed:
+            self.store.release_claim(self.model, self.batch_size, self.owner)
+            self._claimed = False
 
     def _start_control(self) -> None:
         known = self._stored_limit()
         if known is not None:
             self.profiler = PowerLimitProfiler(self.control, known_limit=known, **self._profiling_args)
-        elif self.store.claim_profile(self.model, self.batch_size):
-            self._claimed = True
+        elif self.store.claim_profile(self.model, self.batch_size, self.owner, self._lease_s):
+            self._claimed, self._renewed_at = True, self.store.clock()
             self.profiler = PowerLimitProfiler(self.control, on_chosen=self._save, **self._profiling_args)
+
+    def _renew(self) -> None:
+        """Keep the profiling claim's lease alive (every third of the lease)."""
+        now = self.store.clock()
+        if self._claimed and now - self._renewed_at >= self._lease_s / 3:
+            self._renewed_at = now
+            self.store.renew_claim(self.model, self.batch_size, self.owner, self._lease_s)
 
     def __enter__(self) -> TrialEnergy:
         self._monitor.begin_window(_RUN)
@@ -96,6 +118,7 @@ class TrialEnergy:
         """Call after every training step."""
         self._steps += 1
         if self.profiler is not None:
+            self._renew()
             self.profiler.on_step()
         elif self.control and self._steps % self._poll_steps == 0:
             self._start_control()
@@ -120,5 +143,4 @@ class TrialEnergy:
         self._monitor.cancel_window(_RUN)
         if self.profiler is not None:
             self.profiler.close()
-        if self._claimed and not self.profiled_here:
-            self.store.release_claim(self.model, self.batch_size)
+        self._release()

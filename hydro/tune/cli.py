@@ -11,6 +11,7 @@ import time
 
 import pandas as pd
 
+from hydro.tune import energy_scheduler
 from hydro.tune.examples import EXAMPLES
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
 from hydro.tune.run import asha, fit, optuna_tpe
@@ -38,6 +39,7 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
+    energy_scheduler.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     spec, space = EXAMPLES[args.example]() if args.example else load_workload(args.workload)
     if args.epochs:
         spec.epochs = args.epochs
+    energy = energy_scheduler.settings_from_args(args, spec, args.name or args.example or os.path.basename(args.workload))
     if args.address or os.environ.get("RAY_ADDRESS"):  # e.g. inside `ray job submit`: the job's cluster
         ray.init(address=args.address)
     elif not ray.is_initialized():  # an embedded local cluster whose workers import this checkout of Hydro
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                      scheduler=asha(spec) if args.scheduler == "asha" else None,
                      searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
                      transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
-                     seed=args.seed)
+                     seed=args.seed, energy=energy)
     elapsed = time.perf_counter() - start
     table = member_table(results, spec)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 80):

@@ -14,18 +14,32 @@ and before its actor starts. Tune creates trials ahead of time: with the default
 ``BasicVariantGenerator`` up to 200 at once, so they are chosen from what was known when the run
 started. To let the bandit learn within one run, create trials lazily: use a ``Searcher`` (Tune
 then keeps one pending trial, or ``max_concurrent_trials``) or set ``TUNE_MAX_PENDING_TRIALS_PG=1``.
+
+Hydro's own trials (``hydro tune --energy``, :func:`for_hydro`): the bandit's batch size goes to every member of
+a new fused group (the batch size is a group key); the cost compared is ``member_epoch_cost`` (J per member per
+epoch trained, so groups of any size and members stopped early compare); a fused trial converged when it ended
+without being stopped by the bound. The full-size target trial is measured and reported but neither stopped nor
+recorded here (its cost is not comparable with the surrogates'), and gets no bandit choice: it trains with the
+batch size its configuration was tuned with (that of the best member's group).
 """
 from __future__ import annotations
 
+import argparse
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
+from hydro.energy.detect import detect_devices
+from hydro.energy.tuning import DeviceSource, EnergySettings
+from hydro.trial.plan import HYDRO_KEY, TrialKind
+from hydro.trial.spec import TuneSpec
 from schedulers.energy.batch_size import BatchSizeBandit, Observation, min_converged_cost
 from schedulers.energy.store import EnergyStore
+
+HYDRO_COST_KEY = "member_epoch_cost"
 
 
 class EnergyScheduler(FIFOScheduler):
@@ -63,6 +77,7 @@ class EnergyScheduler(FIFOScheduler):
                 if o.batch_size in self.bandit.batch_sizes:
                     self.bandit.observe(o.batch_size, o.cost, o.converged)
         self._assigned: dict[str, int] = {}
+        self._member_batch: dict[str, int] = {}  # Hydro member id -> the batch size its group trained with
         self._stopped: set[str] = set()
         self._last_cost: dict[str, float] = {}
 
@@ -73,12 +88,22 @@ class EnergyScheduler(FIFOScheduler):
         return None if best is None else self.beta * best
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
-        if self.bandit is not None:
-            choice = self.bandit.choose()
-            trial.config[self.keys["batch_size"]] = choice
-            self._assigned[trial.trial_id] = choice
+        if self.bandit is None:
+            return
+        if _is_target(trial.config):  # the batch size its configuration was tuned with
+            source = trial.config[HYDRO_KEY]["source"].get("member")
+            if source in self._member_batch:
+                _set_batch_size(trial.config, self.keys["batch_size"], self._member_batch[source])
+            return
+        choice = self.bandit.choose()
+        _set_batch_size(trial.config, self.keys["batch_size"], choice)
+        self._assigned[trial.trial_id] = choice
+        if HYDRO_KEY in trial.config:
+            self._member_batch.update((m["id"], choice) for m in trial.config[HYDRO_KEY]["members"])
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
+        if _is_target(trial.config):
+            return TrialScheduler.CONTINUE
         cost = result.get(self.keys["cost"])
         if cost is None:
             raise KeyError(
@@ -93,8 +118,8 @@ class EnergyScheduler(FIFOScheduler):
         return TrialScheduler.CONTINUE
 
     def _record(self, trial: Trial, cost: float, converged: bool) -> None:
-        batch_size = trial.config.get(self.keys["batch_size"])
-        if batch_size is None:
+        batch_size = _batch_size(trial.config, self.keys["batch_size"])
+        if batch_size is None or _is_target(trial.config):
             return
         obs = Observation(int(batch_size), cost, converged)
         self._history.append(obs)
@@ -104,7 +129,9 @@ class EnergyScheduler(FIFOScheduler):
 
     def on_trial_complete(self, tune_controller, trial: Trial, result: dict) -> None:
         cost = result.get(self.keys["cost"], self._last_cost.get(trial.trial_id, math.inf))
-        converged = bool(result.get(self.keys["converged"], False)) and trial.trial_id not in self._stopped
+        # a Hydro trial that ended on its own (last epoch, or every member stopped) converged
+        converged = bool(result.get(self.keys["converged"], HYDRO_KEY in trial.config))
+        converged = converged and trial.trial_id not in self._stopped
         self._record(trial, float(cost), converged)
 
     def on_trial_error(self, tune_controller, trial: Trial) -> None:
@@ -120,3 +147,73 @@ class EnergyScheduler(FIFOScheduler):
         bound = self.stop_cost
         phase = "" if self.bandit is None else f", bandit {'pruning' if self.bandit.pruning else 'sampling'} arms {self.bandit.arms}"
         return f"EnergyScheduler(job={self.job}, stop cost {bound if bound is None else round(bound)} J{phase})."
+
+
+def _is_target(config: Mapping) -> bool:
+    return HYDRO_KEY in config and config[HYDRO_KEY]["kind"] == TrialKind.TARGET
+
+
+def _set_batch_size(config: dict, key: str, batch_size: int) -> None:
+    """Set the trial's batch size: ``config[key]``, and of every member of a Hydro trial (a fused group's
+    column holds one value per member)."""
+    if HYDRO_KEY not in config:
+        config[key] = batch_size
+        return
+    members = config[HYDRO_KEY]["members"]
+    for member in members:
+        member["config"][key] = batch_size
+    config[key] = batch_size if _is_target(config) else [batch_size] * len(members)
+
+
+def _batch_size(config: Mapping, key: str) -> int | None:
+    if HYDRO_KEY in config:
+        return config[HYDRO_KEY]["members"][0]["config"].get(key)
+    return config.get(key)
+
+
+def for_hydro(settings: EnergySettings, spec: TuneSpec, seed: int | None = None) -> EnergyScheduler:
+    """The scheduler of ``hydro tune --energy``: Hydro trials, cost per member-epoch, the bandit over
+    ``settings.batch_sizes`` (off if empty) starting from ``spec.batch_size``."""
+    sizes = sorted(set(settings.batch_sizes))
+    if sizes and spec.batch_size not in sizes:
+        raise ValueError(f"hydro tune --energy: the workload's batch size {spec.batch_size} is not among the bandit's "
+                         f"batch sizes {sizes}; add it to --energy-batch-sizes")
+    return EnergyScheduler(job=settings.job, store_path=settings.store_path, energy_tuned=bool(sizes),
+                           batch_sizes=sizes or None, default_batch_size=spec.batch_size if sizes else None,
+                           cost_key=HYDRO_COST_KEY, beta=settings.beta, seed=seed)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``hydro tune --energy`` and its options."""
+    group = parser.add_argument_group("energy (--energy)")
+    group.add_argument("--energy", action="store_true",
+                       help="measure every trial's energy and cost (per member too), stop costly groups at "
+                            "beta x the least cost per member-epoch, pick each group's batch size with a bandit, "
+                            "profile the power limit once per (members, batch size) (default: off)")
+    group.add_argument("--energy-devices", choices=[d.value for d in DeviceSource], default=DeviceSource.DETECT.value,
+                       help="detect: this host's GPUs (NVML) and CPU packages (RAPL); simulated: a simulated GPU per "
+                            "trial, for CPU-only machines (default: %(default)s)")
+    group.add_argument("--energy-store", default=os.path.expanduser("~/hydro_results/energy.db"),
+                       help="profiles and bandit history, shared by later runs of the same job (default: %(default)s)")
+    group.add_argument("--energy-batch-sizes", type=int, nargs="*",
+                       help="the bandit's batch sizes; none given: half, one and two times the workload's "
+                            "(default); --energy-batch-sizes with no value: the bandit is off")
+    group.add_argument("--energy-eta", type=float, default=0.5, help="energy weight of the cost, in [0, 1] "
+                                                                     "(default: %(default)s)")
+    group.add_argument("--energy-beta", type=float, default=2.0, help="stop bound factor, > 1 (default: %(default)s)")
+
+
+def settings_from_args(args: argparse.Namespace, spec: TuneSpec, job: str) -> EnergySettings | None:
+    """The :class:`EnergySettings` of ``hydro tune`` arguments (None without ``--energy``). On an embedded local
+    cluster, ``--energy-devices detect`` must find a device on this host."""
+    if not args.energy:
+        return None
+    local = not (args.address or os.environ.get("RAY_ADDRESS"))
+    if args.energy_devices == DeviceSource.DETECT and local and not detect_devices():
+        raise SystemExit("hydro tune --energy: no device to measure on this host (no NVIDIA GPU through NVML, no "
+                         "readable RAPL; see the warning above); use --energy-devices simulated on a CPU-only machine")
+    sizes = args.energy_batch_sizes
+    if sizes is None:
+        sizes = sorted({max(1, spec.batch_size // 2), spec.batch_size, spec.batch_size * 2})
+    return EnergySettings(args.energy_store, job, DeviceSource(args.energy_devices), args.energy_eta,
+                          args.energy_beta, tuple(sizes))

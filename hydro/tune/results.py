@@ -13,6 +13,7 @@ from hydro.tune.session import MEMBERS_KEY
 from hydro.trial.plan import TrialKind, plan_of
 
 MEMBER_TABLE_FILE, BEST_FILE = "hydro_members.csv", "hydro_best.json"
+ENERGY_COLUMNS = ("energy_j", "cost")  # each member's share (J) when trials are energy-tuned
 
 
 def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
@@ -39,8 +40,9 @@ def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
 
 def _final(history: pd.DataFrame | None, spec: TuneSpec, prefix: str) -> dict:
     """The member's last reported values (retried trials repeat epochs: the last report of each wins)."""
-    names = [*spec.metric_names(), "epoch", "stopped"]
-    empty = {**{n: math.nan for n in spec.metric_names()}, "epochs": 0, "stop_epoch": None}
+    measured = [n for n in ENERGY_COLUMNS if history is not None and f"{prefix}{n}" in history]  # hydro tune --energy
+    names = [*spec.metric_names(), *measured, "epoch", "stopped"]
+    empty = {**{n: math.nan for n in [*spec.metric_names(), *measured]}, "epochs": 0, "stop_epoch": None}
     if history is None or f"{prefix}epoch" not in history:
         return empty
     seen = history[history[f"{prefix}epoch"].notna()]

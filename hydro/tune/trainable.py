@@ -20,6 +20,8 @@ from collections.abc import Callable
 import torch
 from ray import tune
 
+from hydro.energy.observer import EnergyObserver
+from hydro.energy.tuning import EnergySettings, trial_observer
 from hydro.trial.spec import Batch, TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.session import MemberSession
@@ -29,28 +31,31 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "hydro_trial.pt"
 
 
-def trainable(spec: TuneSpec, data: tuple[Batch, Batch] | None = None) -> Callable[[dict], None]:
+def trainable(spec: TuneSpec, data: tuple[Batch, Batch] | None = None,
+              energy: EnergySettings | None = None) -> Callable[[dict], None]:
     """A function trainable for ``tune.Tuner``/``tune.run``: Hydro trials when the config comes from a
     ``HydroSearcher``, one plain full-size unfused training otherwise (the stock Ray Tune baseline).
 
     ``data``: ``spec.load_data()`` already loaded by the driver; it is put in Ray's object store once
     (``tune.with_parameters``, so Ray must be initialised) instead of every trial loading it. Without it,
-    each trial calls ``spec.load_data()``."""
+    each trial calls ``spec.load_data()``. ``energy``: measure each trial's energy (``hydro tune --energy``)."""
     if data is None:
         def hydro_trial(config: dict) -> None:
-            run_trial(spec, config)
+            run_trial(spec, config, energy=energy)
 
         return hydro_trial
 
     def hydro_trial(config: dict, data: tuple[Batch, Batch]) -> None:  # the same name: restorable either way
-        run_trial(spec, config, data)
+        run_trial(spec, config, data, energy)
 
     return tune.with_parameters(hydro_trial, data=data)
 
 
-def run_trial(spec: TuneSpec, config: dict, data: tuple[Batch, Batch] | None = None) -> None:
+def run_trial(spec: TuneSpec, config: dict, data: tuple[Batch, Batch] | None = None,
+              energy: EnergySettings | None = None) -> None:
     """Train the trial described by ``config`` (see :mod:`hydro.trial.plan`) for ``spec.epochs`` on ``data``
-    (default: ``spec.load_data()``)."""
+    (default: ``spec.load_data()``). With ``energy``, an :class:`~hydro.energy.observer.EnergyObserver` measures
+    it: each member reports its ``energy_j``/``cost`` share, the trial its totals and ``member_epoch_cost``."""
     state = _restored_state()
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None)
     trial = FusedTrial(spec, session.plan, data if data is not None else spec.load_data(),
@@ -59,16 +64,33 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[Batch, Batch] | None = N
         logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids), trial.fallback)
     if state:
         trial.load_state_dict(state)
+    meter = None if energy is None else trial_observer(energy, trial).start()
+    try:
+        if meter is not None:
+            trial.observers.append(meter)
+            if state and "energy" in state:
+                meter.load_state_dict(state["energy"])
+        _train(spec, trial, session, meter)
+    finally:
+        if meter is not None:
+            meter.close()
+
+
+def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: EnergyObserver | None) -> None:
     while trial.epoch < spec.epochs:
-        metrics = trial.run_epoch()
-        keep = session.step(trial.epoch, metrics, final=trial.epoch == spec.epochs, extra={"fused": trial.fused})
+        metrics, extra = trial.run_epoch(), {"fused": trial.fused}
+        if meter is not None:
+            metrics = {**metrics, **meter.member_metrics(trial.member_ids)}
+            extra.update(meter.trial_metrics())
+        keep = session.step(trial.epoch, metrics, final=trial.epoch == spec.epochs, extra=extra)
         if keep and len(keep) < len(trial.member_ids):
             trial.keep(keep)
         if keep and trial.epoch % spec.checkpoint_every:  # keep is empty after the trial's last epoch
             session.report()
         else:
             with tempfile.TemporaryDirectory() as directory:
-                torch.save(trial.state_dict(), os.path.join(directory, STATE_FILE))
+                state = trial.state_dict() if meter is None else {**trial.state_dict(), "energy": meter.state_dict()}
+                torch.save(state, os.path.join(directory, STATE_FILE))
                 session.report(checkpoint=tune.Checkpoint.from_directory(directory))
         if not keep:
             return

@@ -3,13 +3,22 @@
 Profiles are the raw profiling windows per (model, batch size), so the limit can be re-picked for
 any η. Observations are per job name, in order, so a :class:`BatchSizeBandit` is restored by replay.
 Safe for several processes (trials) at once: SQLite locking with a busy timeout.
+
+A profiling claim names its owner (host, pid, start token) and holds a lease (s, on the store's wall clock)
+that the owner renews while it profiles; a claim whose lease ran out (its owner was SIGKILLed, or its host
+died) is taken over by the next run that asks, and so is, at once, a claim whose owner process on this same
+host no longer exists.
 """
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
-from collections.abc import Iterable, Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from schedulers.energy.batch_size import Observation
@@ -20,18 +29,50 @@ CREATE TABLE IF NOT EXISTS profiles (
     model TEXT NOT NULL, batch_size INTEGER NOT NULL, power_limit_w INTEGER NOT NULL,
     time_s REAL NOT NULL, energy_j REAL NOT NULL,
     PRIMARY KEY (model, batch_size, power_limit_w));
-CREATE TABLE IF NOT EXISTS profile_claims (
-    model TEXT NOT NULL, batch_size INTEGER NOT NULL, PRIMARY KEY (model, batch_size));
+CREATE TABLE IF NOT EXISTS profile_leases (
+    model TEXT NOT NULL, batch_size INTEGER NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
+    token TEXT NOT NULL, expires_s REAL NOT NULL, PRIMARY KEY (model, batch_size));
 CREATE TABLE IF NOT EXISTS observations (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, batch_size INTEGER NOT NULL,
     cost REAL NOT NULL, converged INTEGER NOT NULL, trial_id TEXT);
 """
 
 
-class EnergyStore:
-    """State file at ``path`` (created with its parent directory if missing)."""
+DEFAULT_LEASE_S = 120.0
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+
+@dataclass(frozen=True)
+class ClaimOwner:
+    """Who holds a profiling claim: host name, process id and a token unique to the claiming run."""
+
+    host: str
+    pid: int
+    token: str
+
+    @classmethod
+    def this_process(cls) -> ClaimOwner:
+        """A new owner for a run in this process (a fresh token, so a reused pid is another owner)."""
+        return cls(socket.gethostname(), os.getpid(), uuid.uuid4().hex)
+
+    def gone(self) -> bool:
+        """True if the owner is a process of this host that no longer exists (a live reused pid counts as alive)."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # exists, another user's
+            return False
+        return False
+
+
+class EnergyStore:
+    """State file at ``path`` (created with its parent directory if missing); ``clock`` (s, default
+    ``time.time``) times the claims' leases and must agree across the hosts sharing the file."""
+
+    def __init__(self, path: str | os.PathLike[str], clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
@@ -47,22 +88,55 @@ class EnergyStore:
             db.close()
 
     # ------------------------------------------------------------ profiles
-    def claim_profile(self, model: str, batch_size: int) -> bool:
-        """Reserve profiling of (model, batch size); False if another run holds it or it is done."""
+    def claim_profile(self, model: str, batch_size: int, owner: ClaimOwner, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        """Reserve profiling of (model, batch size) for ``owner`` for ``lease_s`` seconds. False if it is
+        profiled already or another live owner's lease has not run out; an expired claim, or one whose owner
+        process on this host is gone, is taken over."""
         with self._connect() as db:
-            cur = db.execute("INSERT OR IGNORE INTO profile_claims VALUES (?, ?)", (model, batch_size))
+            db.execute("BEGIN IMMEDIATE")  # read and write the claim in one locked transaction
+            if db.execute("SELECT 1 FROM profiles WHERE model = ? AND batch_size = ? LIMIT 1",
+                          (model, batch_size)).fetchone():
+                return False
+            row = db.execute("SELECT host, pid, token, expires_s FROM profile_leases WHERE model = ? AND batch_size = ?",
+                             (model, batch_size)).fetchone()
+            now = self.clock()
+            if row is not None and row[2] != owner.token and row[3] > now and not ClaimOwner(*row[:3]).gone():
+                return False
+            db.execute("INSERT OR REPLACE INTO profile_leases VALUES (?, ?, ?, ?, ?, ?)",
+                       (model, batch_size, owner.host, owner.pid, owner.token, now + lease_s))
+            return True
+
+    def renew_claim(self, model: str, batch_size: int, owner: ClaimOwner, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        """Extend ``owner``'s lease to ``lease_s`` from now; False if the claim is no longer its own."""
+        with self._connect() as db:
+            cur = db.execute("UPDATE profile_leases SET expires_s = ? WHERE model = ? AND batch_size = ? AND token = ?",
+                             (self.clock() + lease_s, model, batch_size, owner.token))
             return cur.rowcount == 1
 
-    def release_claim(self, model: str, batch_size: int) -> None:
-        """Give up a claim without a profile (profiling was interrupted)."""
+    def claim_holder(self, model: str, batch_size: int) -> tuple[ClaimOwner, float] | None:
+        """The owner of the claim on (model, batch size) and when its lease ends (store clock, s), if any."""
         with self._connect() as db:
-            db.execute("DELETE FROM profile_claims WHERE model = ? AND batch_size = ?", (model, batch_size))
+            row = db.execute("SELECT host, pid, token, expires_s FROM profile_leases WHERE model = ? AND batch_size = ?",
+                             (model, batch_size)).fetchone()
+        return None if row is None else (ClaimOwner(*row[:3]), row[3])
 
-    def save_profile(self, model: str, batch_size: int, windows: Iterable[LimitMeasurement]) -> None:
-        """Store the profiling windows of (model, batch size); the first complete profile wins."""
+    def release_claim(self, model: str, batch_size: int, owner: ClaimOwner) -> None:
+        """Give up ``owner``'s claim (profiling finished or was interrupted); another owner's claim stays."""
+        with self._connect() as db:
+            db.execute("DELETE FROM profile_leases WHERE model = ? AND batch_size = ? AND token = ?",
+                       (model, batch_size, owner.token))
+
+    def save_profile(self, model: str, batch_size: int, windows: Iterable[LimitMeasurement]) -> bool:
+        """Store the profiling windows of (model, batch size) unless a profile is stored already (the first
+        complete profile wins, whole); True if these windows were stored."""
         rows = [(model, batch_size, w.power_limit_w, w.time_s, w.energy_j) for w in windows]
         with self._connect() as db:
-            db.executemany("INSERT OR IGNORE INTO profiles VALUES (?, ?, ?, ?, ?)", rows)
+            db.execute("BEGIN IMMEDIATE")
+            if db.execute("SELECT 1 FROM profiles WHERE model = ? AND batch_size = ? LIMIT 1",
+                          (model, batch_size)).fetchone():
+                return False
+            db.executemany("INSERT INTO profiles VALUES (?, ?, ?, ?, ?)", rows)
+            return True
 
     def load_profile(self, model: str, batch_size: int) -> list[LimitMeasurement]:
         """Stored windows of (model, batch size), highest limit first; empty if never profiled."""

@@ -7,8 +7,9 @@ import pynvml as real
 
 
 class FakeGPU:
-    def __init__(self, uuid: str, arch: int, *, min_mw=100_000, max_mw=250_000, power_mw=200_000):
+    def __init__(self, uuid: str, arch: int, *, min_mw=100_000, max_mw=250_000, power_mw=200_000, deny_set=False):
         self.uuid, self.arch = uuid, arch
+        self.deny_set = deny_set  # this GPU alone refuses power-limit changes (NO_PERMISSION)
         self.min_mw, self.max_mw = min_mw, max_mw
         self.limit_mw = max_mw
         self.power_mw = power_mw
@@ -35,7 +36,7 @@ def make_fake_pynvml(gpus: list[FakeGPU], *, can_set: bool = True, init_error: i
             raise NVMLError(init_error)
 
     def set_limit(gpu, mw):
-        if not can_set:
+        if not can_set or gpu.deny_set:
             raise NVMLError(real.NVML_ERROR_NO_PERMISSION)
         gpu.limit_mw = mw
         gpu.set_history.append(mw)

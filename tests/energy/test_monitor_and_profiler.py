@@ -77,14 +77,14 @@ def test_profiler_restores_max_when_training_raises():
     assert dev.get_power_limit_w() == 250
 
 
-def test_profiler_restores_max_at_interpreter_exit(monkeypatch):
+def test_profiler_restores_at_interpreter_exit(monkeypatch):
     hooks = []
-    monkeypatch.setattr("hydro.energy.power_limit.atexit.register", hooks.append)
+    monkeypatch.setattr("hydro.energy.power_limit.exit_guard.guard", hooks.append)
     dev = _device()
     prof = PowerLimitProfiler([dev], known_limit=175)
     assert dev.get_power_limit_w() == 175
     assert hooks == [prof.restore]
-    hooks[0]()  # what atexit would run if the process ended without close()
+    hooks[0]()  # what the exit guard runs if the process ends (exit, SIGTERM, SIGINT) without close()
     assert dev.get_power_limit_w() == 250
 
 

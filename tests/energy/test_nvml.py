@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import pynvml as real
 import pytest
@@ -99,11 +100,24 @@ def test_unsupported_call_is_typed(monkeypatch):
         dev.power_limit_range_w()
 
 
+def _has_nvidia_driver() -> bool:
+    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/proc/driver/nvidia/version"))
+
+
 def test_real_nvml_on_this_machine_reports_a_typed_error_or_devices():
-    """Without a GPU the real pynvml must fail with one typed error, not a raw NVMLError."""
-    try:
-        devices = nvml_devices()
-    except LibraryNotFound:
+    """The real pynvml: without an NVIDIA driver, one typed error naming the cause (not a raw NVMLError);
+    with one, every visible GPU as a device whose energy counter and power limits read."""
+    if not _has_nvidia_driver():
+        with pytest.raises(LibraryNotFound, match="NVML library or NVIDIA driver not found.*is this a GPU machine"):
+            nvml_devices()
         return
-    for d in devices:
-        d.close()
+    devices = nvml_devices(env={})
+    try:
+        assert devices, "an NVIDIA driver is loaded but NVML lists no GPU"
+        assert [d.name for d in devices] == [f"gpu{i}" for i in range(len(devices))]
+        for d in devices:
+            low, high = d.power_limit_range_w()
+            assert d.energy_j() >= 0 and 0 < low <= d.get_power_limit_w() <= high
+    finally:
+        for d in devices:
+            d.close()

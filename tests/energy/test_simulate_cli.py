@@ -6,6 +6,7 @@ import json
 import pytest
 
 from benchmarks.energy_simulation import main
+from hydro.cli import main as hydro_main
 from schedulers.energy.simulator import JobSimulator
 from schedulers.energy.traces import WORKLOADS, TraceError, ZeusTraces, traces_dir
 
@@ -28,6 +29,28 @@ def test_simulate_writes_consistent_json_and_png(tmp_path, zeus_traces, capsys):
     sim = JobSimulator(ZeusTraces("v100", zeus_traces), WORKLOADS[run["workload"]])
     assert run["default_cost"] == pytest.approx(20 * sim.expected(sim.default_batch_size, 250)[0])
     assert run["oracle_cost"] == pytest.approx(20 * sim.oracle()[1])
+
+
+def test_cli_writes_next_to_the_run_not_into_the_current_directory(tmp_path, zeus_traces, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", "200")  # help lines unwrapped
+    monkeypatch.chdir(tmp_path)
+    rc = hydro_main(["energy", "simulate", "--gpus", "v100", "--workloads", "squad", "--policies", "hydro",
+                     "--seeds", "1", "--recurrences", "3", "--traces", str(zeus_traces)])
+    assert rc == 0
+    (run,) = (tmp_path / "home" / "hydro_results").iterdir()
+    assert run.name.startswith("energy_simulate_")
+    assert sorted(p.name for p in run.iterdir()) == ["energy_cumulative_cost.png", "energy_simulation.json"]
+    assert str(run / "energy_simulation.json") in capsys.readouterr().out
+    assert not (tmp_path / "benchmarks").exists()
+    config = json.loads((run / "energy_simulation.json").read_text())["config"]
+    assert config["recurrences"] == 3 and "command" not in config
+    with pytest.raises(SystemExit):
+        hydro_main(["energy", "simulate", "--help"])
+    help_text = capsys.readouterr().out
+    for default in ("(default: v100 p100)", "(default: 10)", "(default: 50)", "(default: 0.5)", "(default: 2.0)",
+                    "energy_simulate_<UTC time>", "$HYDRO_ZEUS_TRACES"):
+        assert default in help_text, default
 
 
 def test_missing_traces_name_the_fix(tmp_path, monkeypatch, zeus_traces):

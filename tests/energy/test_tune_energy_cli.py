@@ -1,0 +1,44 @@
+"""``hydro tune --energy`` as a user types it: a refusal before Ray starts when nothing can be measured, and a run
+on simulated GPUs whose member table shows each member's energy and cost."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import ray
+
+from hydro.cli import main
+from tests.tune.test_tune_cli import WORKLOAD
+
+
+def test_energy_without_a_measurable_device_is_refused_before_ray_starts(tmp_path, monkeypatch):
+    path = tmp_path / "my_workload.py"
+    path.write_text(WORKLOAD)
+    monkeypatch.setattr("hydro.tune.energy_scheduler.detect_devices", lambda: [])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(SystemExit, match="no device to measure on this host.*--energy-devices simulated"):
+        main(["tune", "--workload", str(path), "--energy", "--storage", str(tmp_path / "runs")])
+    assert not ray.is_initialized()
+
+
+def test_energy_run_reports_energy_and_cost_per_member(tmp_path, capsys):
+    path = tmp_path / "my_workload.py"
+    path.write_text(WORKLOAD)
+    try:
+        assert main(["tune", "--workload", str(path), "--samples", "4", "--fusion", "2", "--scheduler", "none",
+                     "--storage", str(tmp_path / "runs"), "--name", "cli", "--energy", "--energy-devices",
+                     "simulated", "--energy-store", str(tmp_path / "energy.db"), "--energy-batch-sizes", "16", "32"]) == 0
+    finally:
+        ray.shutdown()
+    out = capsys.readouterr().out
+    assert "energy_j" in out and "cost" in out
+    table = pd.read_csv(tmp_path / "runs" / "cli" / "hydro_members.csv")
+    assert len(table) == 5  # 4 members and the full-size target
+    assert (table["energy_j"] > 0).all() and (table["cost"] > 0).all()
+    surrogates = table[table["kind"] == "surrogate"]
+    assert set(surrogates["config/batch_size"]) <= {16, 32}  # the bandit's choice, per fused group
+    assert surrogates.groupby("trial")["config/batch_size"].nunique().eq(1).all()
+    target = table.loc[table["kind"] == "target", "config/batch_size"].item()  # its source member's batch size
+    best = json.loads((tmp_path / "runs" / "cli" / "hydro_best.json").read_text())["source"]["member"]
+    assert target == surrogates.set_index("member").loc[best, "config/batch_size"]
