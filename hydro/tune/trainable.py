@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 from ray import tune
 
+from hydro.trial.check import CONFIG_ERRORS
 from hydro.trial.spec import Batch, TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.session import MemberSession
@@ -53,8 +54,12 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[Batch, Batch] | None = N
     (default: ``spec.load_data()``)."""
     state = _restored_state()
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None)
-    trial = FusedTrial(spec, session.plan, data if data is not None else spec.load_data(),
-                       member_ids=session.member_ids)
+    try:
+        trial = FusedTrial(spec, session.plan, data if data is not None else spec.load_data(),
+                           member_ids=session.member_ids)
+    except CONFIG_ERRORS as error:  # deterministic: reported as failed members, not raised for Tune to retry
+        session.fail(error)
+        return
     if trial.fallback:
         logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids), trial.fallback)
     if state:
