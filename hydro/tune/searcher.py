@@ -83,6 +83,7 @@ class HydroSearcher(Searcher):
                                  MemberStopping(rule, spec.mode) if rule is not None else None,
                                  f"hydro-member-decisions-{uuid.uuid4().hex[:12]}", {})
         self._service = None
+        self._scheduler_checked = False
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -93,7 +94,6 @@ class HydroSearcher(Searcher):
                              f"to TuneSpec.metrics)")
         if mode and mode != self.spec.mode:
             raise ValueError(f"mode {mode!r} differs from TuneSpec.mode {self.spec.mode!r}")
-        refuse_trial_scheduler(_tune_run_scheduler())
         self.state.space = config or self.state.space
         return self.inner.set_search_properties(self.spec.metric, self.spec.mode, config, **spec)
 
@@ -101,6 +101,9 @@ class HydroSearcher(Searcher):
         return False  # the limit applies to fused trials, which Tune counts itself
 
     def suggest(self, trial_id: str) -> dict | None:
+        if not self._scheduler_checked:  # before the first trial
+            refuse_trial_scheduler(_tune_run_scheduler())
+            self._scheduler_checked = True
         self._ensure_service()
         state = self.state
         if state.target_trial is None and self.transfer.due(state.ledger.finished, self._nothing_left()):

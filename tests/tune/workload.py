@@ -23,6 +23,21 @@ def mlp(config):
     return MLP((64, config.get("hidden", 16), 10))
 
 
+class Untraceable(nn.Module):
+    """Python control flow on a tensor value: torch.fx cannot trace it, so it cannot be fused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.linear(x) if x.sum() > 0 else -self.linear(x)
+
+
+def mlp_or_untraceable(config):
+    return Untraceable() if config["kind"] == "untraceable" else mlp(config)
+
+
 def sgd(params, config):
     return torch.optim.SGD(params, lr=config["lr"], momentum=config["momentum"])
 
