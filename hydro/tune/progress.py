@@ -9,7 +9,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ray.tune import Callback
@@ -39,8 +39,10 @@ class MemberCounts:
                 f"{self.failed} failed, {self.to_start} to start | best member: {best} | target: {self.target}")
 
 
-def count_members(trials: Sequence[Trial], metric: str, mode: str, num_samples: int) -> MemberCounts:
-    """The members of ``trials`` (Ray trials of a ``HydroSearcher`` run of ``num_samples`` members) by state."""
+def count_members(trials: Sequence[Trial], latest: Mapping[str, Mapping], metric: str, mode: str,
+                  num_samples: int) -> MemberCounts:
+    """The members of ``trials`` (Ray trials of a ``HydroSearcher`` run of ``num_samples`` members) by state;
+    ``latest``: each member's latest own result (member id -> its metrics, ``done``, ``stopped``)."""
     counts, states = MemberCounts(), Counter()
     for trial in trials:
         plan = plan_of(trial.config)
@@ -50,11 +52,9 @@ def count_members(trials: Sequence[Trial], metric: str, mode: str, num_samples: 
             continue
         if plan.kind != TrialKind.SURROGATE:
             continue
-        members = result.get(MEMBERS_KEY, {})
         for member in plan.member_ids:
-            values = members.get(member, {})
-            state = _member_state(trial, values, bool(result.get(ERROR_KEY)))
-            states[state] += 1
+            values = latest.get(member, {})
+            states[_member_state(trial, values, bool(result.get(ERROR_KEY)))] += 1
             value = values.get(metric, math.nan)
             if math.isfinite(value) and (counts.best is None or
                                          (value > counts.best[1] if mode == "max" else value < counts.best[1])):
@@ -98,7 +98,13 @@ class MemberProgress(Callback):
 
     def __init__(self, metric: str, mode: str, num_samples: int, interval_s: float = 10.0) -> None:
         self.metric, self.mode, self.num_samples, self.interval_s = metric, mode, num_samples, interval_s
+        self.latest: dict[str, dict] = {}
         self._last = 0.0
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info) -> None:
+        for member, values in result.get(MEMBERS_KEY, {}).items():
+            if math.isfinite(values.get("epoch", math.nan)):  # not the placeholder of a member that left
+                self.latest[member] = values
 
     def on_step_end(self, iteration: int, trials: list[Trial], **info) -> None:
         if time.monotonic() - self._last >= self.interval_s:
@@ -109,4 +115,5 @@ class MemberProgress(Callback):
 
     def _log(self, trials: list[Trial]) -> None:
         self._last = time.monotonic()
-        logger.info(count_members(trials, self.metric, self.mode, self.num_samples).line(self.metric))
+        counts = count_members(trials, self.latest, self.metric, self.mode, self.num_samples)
+        logger.info(counts.line(self.metric))
