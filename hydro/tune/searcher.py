@@ -113,7 +113,7 @@ class HydroSearcher(Searcher):
             state.ledger.add_trial(trial_id, [m for m, _ in members])
             plan = TrialPlan(TrialKind.SURROGATE, members, self.scale, self.scale > 1, self._service_name(),
                              reports_objective=self.transfer.fraction is None)
-            return plan.to_config()
+            return {**_unset(state.space), **plan.to_config()}
         if state.pool.exhausted and (self.transfer.fraction is None or state.target_trial is not None
                                      or not state.ledger.running()):
             return Searcher.FINISHED
@@ -254,6 +254,18 @@ def _member_results(result: Mapping) -> dict[str, dict]:
             member, _, name = key[len(prefix):].partition("/")
             members.setdefault(member, {})[name] = value
     return members
+
+
+def _unset(space: Mapping) -> dict:
+    """``None`` for every sampled entry of ``space``: Tune merges a suggestion into ``param_space``, so a fused
+    trial (whose members differ in these) would otherwise keep the unresolved search-space objects there."""
+    unset = {}
+    for key, value in space.items():
+        if isinstance(value, Domain) or (isinstance(value, Mapping) and "grid_search" in value):
+            unset[key] = None
+        elif isinstance(value, Mapping):
+            unset[key] = _unset(value)
+    return unset
 
 
 def _complete(space: Mapping, config: Mapping) -> dict:

@@ -53,6 +53,8 @@ def test_fit_reports_members_and_returns_the_users_configuration_and_model(ray_c
     best = results.get_best_result()
     assert set(best.config) == {"lr", "momentum", HYDRO_KEY} and best.config[HYDRO_KEY].kind == TrialKind.TARGET
     assert best.config["lr"] == top["config/lr"]
+    surrogate_configs = [r.config for r in results if r.config[HYDRO_KEY].kind == TrialKind.SURROGATE]
+    assert surrogate_configs and all(c["lr"] is None and c["momentum"] is None for c in surrogate_configs)
     assert os.path.exists(os.path.join(results.experiment_path, MEMBER_TABLE_FILE))
     assert os.path.exists(os.path.join(results.experiment_path, BEST_FILE))
     # The trained full-size model, as the user's class, scores what the target reported.

@@ -12,6 +12,7 @@ from hydro.examples.models import MLP
 from hydro.loss import trial_losses
 from hydro.optim import SGD
 from hydro.tune import MemberSession, TuneSpec, accuracy
+from schedulers.member_stopping import StoppingRule
 
 
 def small_digits():
@@ -46,6 +47,13 @@ def spec(epochs: int = 3, **overrides) -> TuneSpec:
     fields = dict(model=mlp, data=small_digits, loss=nn.CrossEntropyLoss(), optimizer=sgd, metric="val_acc",
                   mode="max", metrics={"val_acc": accuracy}, epochs=epochs, batch_size=32)
     return TuneSpec(**{**fields, **overrides})
+
+
+class StopFirstMemberAfterEpoch1(StoppingRule):
+    """Stops member m00000 after its first epoch, and no other."""
+
+    def on_result(self, member: str, epoch: int, score: float) -> bool:
+        return member == "m00000" and epoch == 1
 
 
 SPACE = {"lr": tune.loguniform(1e-3, 1.0), "momentum": tune.choice([0.0, 0.9])}
