@@ -66,8 +66,3 @@ def plan_of(config: Mapping) -> TrialPlan:
         raise TypeError(f"hydro: config[{HYDRO_KEY!r}] is Hydro's trial plan, got {type(entry).__name__}; do not use "
                         f"the key {HYDRO_KEY!r} for a hyperparameter")
     return entry
-
-
-def user_config(config: Mapping) -> dict:
-    """``config`` without Hydro's plan: the user's hyperparameters."""
-    return {k: v for k, v in config.items() if k != HYDRO_KEY}

@@ -19,7 +19,6 @@ from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration,
 from hydro.tune.run import TuningFailed, asha, fit, optuna_tpe, prepare
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-AUTH_TOKEN_FILE = os.path.expanduser("~/.ray/auth_token")
 
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
@@ -183,8 +182,10 @@ def connect(address: str | None) -> None:
     if ray.is_initialized():
         return
     if address or os.environ.get("RAY_ADDRESS"):
-        if "RAY_AUTH_MODE" not in os.environ and os.path.exists(AUTH_TOKEN_FILE):
-            os.environ["RAY_AUTH_MODE"] = "token"
+        # As `ray start` does: RAY_AUTH_MODE unset and a token on this machine -> token authentication.
+        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         ray.init(address=address)
     else:
         _loopback_only()

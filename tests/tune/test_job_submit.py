@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def wait_for_dashboard(url: str, head: subprocess.Popen, timeout_s: float = 90.0
         try:
             with urllib.request.urlopen(f"{url}/api/version", timeout=2):
                 return
+        except urllib.error.HTTPError:  # up, and asking for the token
+            return
         except OSError:
             time.sleep(1)
     raise TimeoutError(f"the Ray dashboard at {url} did not come up in {timeout_s} s")
