@@ -26,6 +26,7 @@ from ray import tune
 from hydro.trial.check import describe
 from hydro.tune.member_decisions import lookup_service
 from hydro.trial.plan import TrialKind, TrialPlan, plan_of
+from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +62,15 @@ class MemberSession:
     def step(self, epoch: int, metrics: Mapping[str, Sequence[float] | torch.Tensor], final: bool = False,
              extra: Mapping | None = None) -> list[int]:
         """Record each member's ``metrics`` (name -> ``[F]`` values in ``member_ids`` order) for ``epoch``, ask
-        which members stop, and return the positions of those that go on (none after the ``final`` epoch)."""
+        which members stop, and return the positions of those that go on (none after the ``final`` epoch). A
+        member whose ``train_loss`` or ``val_loss`` is NaN or inf diverged: all its metrics are NaN, the worst
+        value for stopping and ranking whatever the tuned metric."""
         if self.metric not in metrics:
             raise KeyError(f"the tuned metric {self.metric!r} is not among the reported metrics {sorted(metrics)}")
         results = {m: {k: float(v[i]) for k, v in metrics.items()} for i, m in enumerate(self.member_ids)}
         for result in results.values():
+            if not all(math.isfinite(result[k]) for k in (TRAIN_LOSS, VAL_LOSS) if k in result):
+                result.update(dict.fromkeys(metrics, math.nan))  # diverged: e.g. the accuracy of NaN logits is noise
             result.update(epoch=epoch, training_iteration=epoch)
         self._names = [*metrics, "epoch", "training_iteration"]
         objective = {m: r[self.metric] for m, r in results.items()}
