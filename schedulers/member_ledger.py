@@ -58,6 +58,10 @@ class MemberLedger:
         return [self._finish(m, self.last.get(m), error=error or m not in self.last)
                 for m in self.trials.get(trial_id, []) if m not in self.finished]
 
+    def reject(self, member: str) -> MemberEvent:
+        """A member that failed before any trial trained it (its configuration cannot train)."""
+        return self._finish(member, None, error=True)
+
     def running(self) -> bool:
         """Whether a member of a started trial has not finished."""
         return any(m not in self.finished for members in self.trials.values() for m in members)

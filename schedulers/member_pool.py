@@ -15,6 +15,7 @@ class Suggestion(enum.Enum):
 
     NOT_NOW = "not_now"    # nothing to suggest right now (e.g. a concurrency limit); ask again later
     FINISHED = "finished"  # the searcher will suggest nothing more
+    REJECTED = "rejected"  # the member's configuration cannot train: it takes its id and joins no group
 
 
 def member_id(index: int) -> str:
@@ -37,6 +38,7 @@ class MemberPool:
     configs: dict[str, dict] = field(default_factory=dict)
     buffers: dict[Hashable, list[Member]] = field(default_factory=dict)
     fusion: dict[Hashable, int] = field(default_factory=dict)
+    rejected: list[str] = field(default_factory=list)
     source_finished: bool = False
 
     def __post_init__(self) -> None:
@@ -47,7 +49,7 @@ class MemberPool:
 
     @property
     def drawn(self) -> int:
-        return len(self.configs)
+        return len(self.configs) + len(self.rejected)
 
     @property
     def exhausted(self) -> bool:
@@ -70,6 +72,9 @@ class MemberPool:
             if config is Suggestion.FINISHED:
                 self.source_finished = True
                 break
+            if config is Suggestion.REJECTED:
+                self.rejected.append(member)
+                continue
             self.configs[member] = config
             self.buffers.setdefault(key_of(config), []).append((member, config))
         if not self.buffers:

@@ -45,8 +45,9 @@ class MeasuredFusion(FusionPlanner):
     def fusion_for(self, key: Hashable, config: Mapping) -> int:
         (x, y), _ = self.data
         size = self.spec.batch_size_of(config)
-        template = build_member(self.spec.model, config, self.scale)  # one shrink; plan_fusion only times steps,
-        plan = plan_fusion(lambda: copy.deepcopy(template), (x[:size], y[:size]), self.spec.loss,  # initial values
-                           max_members=self.max_members, steps=PLAN_STEPS, threads=self.threads)  # do not matter
+        # One shrink; plan_fusion only times steps, so the copies' initial values do not matter.
+        template = build_member(self.spec.model, config, self.scale, shrink_options=self.spec.shrink_options())
+        plan = plan_fusion(lambda: copy.deepcopy(template), (x[:size], y[:size]), self.spec.loss,
+                           max_members=self.max_members, steps=PLAN_STEPS, threads=self.threads)
         logger.info("plan_fusion for group %s: F=%d (%s)", key, plan.num_members, plan.reason)
         return plan.num_members

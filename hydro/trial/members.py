@@ -134,5 +134,6 @@ def _build(spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str]
     models = []
     for config, member_id in zip(configs, member_ids, strict=True):
         torch.manual_seed(spec.seed * 1_000_003 + zlib.crc32(member_id.encode()))  # same init wherever it runs
-        models.append(build_member(spec.model, config, scale, mup=mup or scale > 1))
+        models.append(build_member(spec.model, config, scale, mup=mup or scale > 1,
+                                   shrink_options=spec.shrink_options()))
     return models

@@ -2,12 +2,14 @@
 
 A trial of a ``HydroSearcher`` run is either a fused group of surrogate members or the full-size target;
 a config without the entry is a plain Ray Tune trial (one configuration, full size, unfused: the baseline).
+The entry is the :class:`TrialPlan` itself: a user's hyperparameters stay the only dict keys of a config, and
+Ray Tune names trial directories after ``str(plan)`` (short) instead of every member's configuration.
 """
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 HYDRO_KEY = "hydro"
 PLAIN_MEMBER_ID, TARGET_MEMBER_ID = "trial", "target"  # the member id of a plain trial and of the target
@@ -39,16 +41,28 @@ class TrialPlan:
     def fused(self) -> bool:
         return self.kind == TrialKind.SURROGATE
 
+    @property
+    def member_ids(self) -> list[str]:
+        return [m for m, _ in self.members]
+
+    def __str__(self) -> str:  # what Ray Tune puts in trial names and directory names
+        first, last = self.members[0][0], self.members[-1][0]
+        return f"{self.kind.value}_{first}" if first == last else f"{self.kind.value}_{first}-{last}"
+
+    def __repr__(self) -> str:
+        return f"TrialPlan({self}, scale={self.scale}, mup={self.mup})"
+
     def to_config(self) -> dict:
-        return {HYDRO_KEY: {**asdict(self), "kind": self.kind.value,
-                            "members": [{"id": m, "config": c} for m, c in self.members]}}
+        """The plan as a Ray config entry (the user's hyperparameters go beside it)."""
+        return {HYDRO_KEY: self}
 
 
 def plan_of(config: Mapping) -> TrialPlan:
-    """The plan of a trial from its Ray config."""
+    """The plan of a trial from its Ray config (a config without one is a plain trial)."""
     entry = config.get(HYDRO_KEY)
     if entry is None:
         return TrialPlan(TrialKind.PLAIN, [(PLAIN_MEMBER_ID, dict(config))])
-    members = [(m["id"], dict(m["config"])) for m in entry["members"]]
-    return TrialPlan(TrialKind(entry["kind"]), members, entry["scale"], entry["mup"], entry["decisions"],
-                     entry["reports_objective"], dict(entry.get("source", {})))
+    if not isinstance(entry, TrialPlan):
+        raise TypeError(f"hydro: config[{HYDRO_KEY!r}] is Hydro's trial plan, got {type(entry).__name__}; do not use "
+                        f"the key {HYDRO_KEY!r} for a hyperparameter")
+    return entry

@@ -38,6 +38,8 @@ class TuneSpec:
     - ``seed``: seeds every member's initialisation and the order of the training batches.
     - ``checkpoint_every``: epochs between a trial's checkpoints (the last epoch always checkpoints); a
       retried or restored trial replays at most ``checkpoint_every - 1`` epochs.
+    - ``shrink_fixed``, ``shrink_min_width``, ``shrink_strict``: ``hydro.shrink``'s ``fixed`` (module paths kept
+      at full width), ``min_width`` and ``strict`` for the surrogates and the µP target.
     """
 
     model: Callable[[Mapping], nn.Module]
@@ -54,6 +56,9 @@ class TuneSpec:
     fallback_unfused: bool = False
     seed: int = 0
     checkpoint_every: int = 5
+    shrink_fixed: tuple[str, ...] = ()
+    shrink_min_width: int = 8
+    shrink_strict: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("min", "max"):
@@ -65,6 +70,11 @@ class TuneSpec:
         if self.metric not in self.metric_names():
             raise ValueError(f"TuneSpec.metric {self.metric!r} is not reported; the reported metrics are "
                              f"{self.metric_names()} (add it to TuneSpec.metrics)")
+
+    def shrink_options(self) -> dict:
+        """Keywords for ``hydro.shrink`` (``strict`` only when set)."""
+        options = {"fixed": tuple(self.shrink_fixed), "min_width": self.shrink_min_width}
+        return {**options, "strict": True} if self.shrink_strict else options
 
     def metric_names(self) -> list[str]:
         """Every per-member metric a trial reports each epoch."""

@@ -9,10 +9,11 @@ from hydro.shrink import shrink
 
 
 def build_member(model_factory: Callable[[Mapping], nn.Module], config: Mapping, scale: int,
-                 mup: bool | None = None) -> nn.Module:
+                 mup: bool | None = None, shrink_options: Mapping | None = None) -> nn.Module:
     """``model_factory(config)`` as written (``scale == 1``, no µP), or in µP with its widths divided by
     ``scale`` via ``hydro.shrink``. ``mup`` defaults to ``scale > 1``; ``scale=1, mup=True`` is the full-size
-    target of a surrogate run (µP, so the surrogates' hyperparameters transfer)."""
+    target of a surrogate run (µP, so the surrogates' hyperparameters transfer). ``shrink_options``: keywords
+    for ``hydro.shrink`` (``TuneSpec.shrink_options()``)."""
     if scale < 1:
         raise ValueError(f"scale must be >= 1 (1 = full size), got {scale}")
     model = model_factory(config)
@@ -20,4 +21,4 @@ def build_member(model_factory: Callable[[Mapping], nn.Module], config: Mapping,
         if scale != 1:
             raise ValueError(f"scale={scale} shrinks the model, which needs µP (mup=True)")
         return model
-    return shrink(model, scale)
+    return shrink(model, scale, **(shrink_options or {}))

@@ -3,13 +3,16 @@ transfer to the full-size target, per-member results.
 
 ``TuneSpec`` (the workload in plain torch), ``trainable(spec)`` (the function trainable), ``HydroSearcher``
 (the ``search_alg``), ``MemberSession`` (per-member reporting from a custom training loop),
-``member_table``/``best_configuration``/``write_results`` (results).
+``member_table``/``best_configuration``/``write_results`` (results), ``load_model`` (the trained full-size
+model as the user's module), ``fit`` (all of it in one call) and ``MemberProgress`` (progress in members).
 """
-from hydro.tune.results import best_configuration, member_table, write_results
+from hydro.tune.progress import MemberProgress
+from hydro.tune.results import best_configuration, load_model, member_table, write_results
+from hydro.tune.run import TuningFailed, fit
 from hydro.tune.searcher import HydroSearcher
 from hydro.tune.session import MemberSession
 from hydro.trial.spec import TuneSpec, accuracy
 from hydro.tune.trainable import trainable
 
-__all__ = ["HydroSearcher", "MemberSession", "TuneSpec", "accuracy", "best_configuration", "member_table",
-           "trainable", "write_results"]
+__all__ = ["HydroSearcher", "MemberProgress", "MemberSession", "TuneSpec", "TuningFailed", "accuracy",
+           "best_configuration", "fit", "load_model", "member_table", "trainable", "write_results"]

@@ -3,6 +3,7 @@ and the best configuration."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -13,29 +14,47 @@ import pandas as pd
 
 from hydro.tune import energy_scheduler
 from hydro.tune.examples import EXAMPLES
-from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
-from hydro.tune.run import asha, fit, optuna_tpe
+from hydro.trial.check import WorkloadError
 from hydro.trial.spec import TuneSpec
+from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table, target_result
+from hydro.tune.run import TuningFailed, asha, fit, optuna_tpe, prepare
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default where it has one (``None``/empty: the help says what applies)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, (), False):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_subparser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("tune", help="tune an example or your workload with Hydro on Ray Tune")
+    parser = sub.add_parser("tune", help="tune an example or your workload with Hydro on Ray Tune",
+                            formatter_class=DefaultsHelp)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--example", choices=sorted(EXAMPLES), help="a bundled offline workload")
     what.add_argument("--workload", help="FILE.py[:FUNC] or MODULE[:FUNC]; FUNC (default 'workload') returns "
-                                         "(TuneSpec, param_space)")
-    parser.add_argument("--samples", type=int, default=16, help="member configurations to try")
-    parser.add_argument("--scale", type=int, default=1, help="surrogate width divisor S (1: full size)")
-    parser.add_argument("--fusion", default="auto", help="members per fused trial, or 'auto' (measured)")
+                                         "(TuneSpec, param_space); modules beside FILE.py can be imported")
+    parser.add_argument("--samples", type=_at_least(1), default=16, help="member configurations to try")
+    parser.add_argument("--scale", type=_at_least(1), default=1, help="surrogate width divisor S (1: full size)")
+    parser.add_argument("--fusion", type=_fusion, default="auto", help="members per fused trial, or 'auto' (measured)")
     parser.add_argument("--scheduler", choices=["asha", "none"], default="asha", help="per-member early stopping")
     parser.add_argument("--searcher", choices=["random", "optuna"], default="random")
-    parser.add_argument("--epochs", type=int, help="epochs per member (default: the workload's)")
-    parser.add_argument("--transfer-fraction", type=float, default=1.0,
-                        help="fraction of members finished before the full-size target trains")
+    parser.add_argument("--epochs", type=_at_least(1), help="epochs per member (default: the workload's)")
+    parser.add_argument("--transfer-fraction", type=_fraction, default=1.0,
+                        help="fraction of members finished before the full-size target trains, in (0, 1]")
+    parser.add_argument("--shrink-fixed", type=_names, default=(), metavar="PATH[,PATH...]",
+                        help="module paths kept at full width when shrinking (e.g. a GRU: --shrink-fixed gru)")
+    parser.add_argument("--min-width", type=_at_least(1), help="smallest width a shrunk layer may have "
+                                                                "(default: the workload's)")
+    parser.add_argument("--strict-shrink", action="store_true",
+                        help="refuse a layer the Shrinker cannot shrink instead of keeping it at full width")
     parser.add_argument("--address", help="Ray cluster address ('auto' or host:port); default: $RAY_ADDRESS "
-                                          "(set inside 'ray job submit'), else an embedded local cluster")
+                                          "(set inside 'ray job submit'), else an embedded local cluster "
+                                          "listening on 127.0.0.1 only")
     parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
@@ -43,21 +62,68 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _fusion(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return _at_least(1)(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"give 'auto' or a number of members >= 1 ({error})") from None
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def load_workload(reference: str) -> tuple[TuneSpec, dict]:
-    """``(spec, param_space)`` from ``path/file.py[:func]`` or ``module[:func]``."""
+    """``(spec, param_space)`` from ``path/file.py[:func]`` or ``module[:func]``. The file's folder goes on
+    ``sys.path`` (its modules import the modules beside it), and the modules it brings in from there are
+    pickled by value, so Ray workers run them without that folder (a cluster, a ``ray job submit`` job)."""
     target, _, func = reference.partition(":")
+    before = set(sys.modules)
     if target.endswith(".py"):
         if not os.path.exists(target):
             raise SystemExit(f"hydro tune: workload file {target!r} does not exist")
+        folder = os.path.dirname(os.path.abspath(target))
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         name = f"hydro_workload_{os.path.basename(target)[:-3]}"
         spec = importlib.util.spec_from_file_location(name, target)
         module = sys.modules[name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     else:
+        folder = None
         module = importlib.import_module(target)
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(module)  # Ray workers need not import the user's file
+    for name in set(sys.modules) - before:  # ... nor the modules beside it
+        path = getattr(sys.modules[name], "__file__", None) or ""
+        if folder and "." not in name and os.path.abspath(path).startswith(folder + os.sep):
+            cloudpickle.register_pickle_by_value(sys.modules[name])
     factory = getattr(module, func or "workload", None)
     if factory is None:
         raise SystemExit(f"hydro tune: {target!r} defines no function {func or 'workload'!r} returning "
@@ -69,30 +135,78 @@ def load_workload(reference: str) -> tuple[TuneSpec, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import ray
-
     spec, space = EXAMPLES[args.example]() if args.example else load_workload(args.workload)
-    if args.epochs:
-        spec.epochs = args.epochs
+    shrink = {"shrink_fixed": args.shrink_fixed or spec.shrink_fixed, "shrink_strict": args.strict_shrink or
+              spec.shrink_strict, "shrink_min_width": args.min_width or spec.shrink_min_width}
+    try:
+        spec = dataclasses.replace(spec, epochs=args.epochs or spec.epochs, **shrink)
+    except ValueError as error:
+        raise SystemExit(f"hydro tune: {error}") from None
     energy = energy_scheduler.settings_from_args(args, spec, args.name or args.example or os.path.basename(args.workload))
-    if args.address or os.environ.get("RAY_ADDRESS"):  # e.g. inside `ray job submit`: the job's cluster
-        ray.init(address=args.address)
-    elif not ray.is_initialized():  # an embedded local cluster whose workers import this checkout of Hydro
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": PACKAGE_ROOT}})
-    fusion = args.fusion if args.fusion == "auto" else int(args.fusion)
     start = time.perf_counter()
-    results, _ = fit(spec, space, num_samples=args.samples, scale=args.scale, fusion=fusion,
-                     scheduler=asha(spec) if args.scheduler == "asha" else None,
-                     searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
-                     transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
-                     seed=args.seed, energy=energy)
+    try:
+        data = prepare(spec, space, scale=args.scale, seed=args.seed)  # before Ray starts
+    except WorkloadError as error:
+        print(f"hydro tune: {error}", file=sys.stderr)
+        return 2
+    connect(args.address)
+    try:
+        results, _ = fit(spec, space, num_samples=args.samples, scale=args.scale, fusion=args.fusion,
+                         scheduler=asha(spec) if args.scheduler == "asha" else None,
+                         searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
+                         transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
+                         seed=args.seed, data=data, energy=energy)
+    except TuningFailed as failed:
+        _print_members(failed.results, spec)
+        print(f"\nhydro tune: {failed}\nwritten: {os.path.join(failed.results.experiment_path, MEMBER_TABLE_FILE)}",
+              file=sys.stderr)
+        return 1
     elapsed = time.perf_counter() - start
-    table = member_table(results, spec)
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 80):
-        print(f"\nHydro: {args.samples} members (scale {args.scale}, fusion {args.fusion}) in {elapsed:.0f} s\n")
-        print(table.drop(columns=["error"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"\nHydro: {args.samples} members (scale {args.scale}, fusion {args.fusion}) in {elapsed:.0f} s\n")
+    _print_members(results, spec)
     best = best_configuration(results, spec)
     print(f"\nbest configuration ({best['kind']}, {spec.metric} = {best['value']:.4f}): {best['config']}")
+    target = target_result(results)
+    if target is not None and target.checkpoint is not None:
+        print(f"trained full-size model: {target.checkpoint.path} "
+              f"(hydro.tune.load_model(result, spec) returns it as your model)")
     print(f"written: {os.path.join(results.experiment_path, MEMBER_TABLE_FILE)}, "
           f"{os.path.join(results.experiment_path, BEST_FILE)}")
     return 0
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster at ``address`` (or ``$RAY_ADDRESS``, as inside ``ray job submit``), with token
+    authentication when this machine has a Ray token (``~/.ray/auth_token``, which Ray 2.60's ``ray start``
+    turns on authentication with); else start an embedded local cluster bound to 127.0.0.1 whose workers
+    import this checkout of Hydro."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address or os.environ.get("RAY_ADDRESS"):
+        # As `ray start` does: RAY_AUTH_MODE unset and a token on this machine -> token authentication.
+        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        ray.init(address=address)
+    else:
+        _loopback_only()
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": PACKAGE_ROOT}})
+
+
+def _loopback_only() -> None:
+    """Make the local cluster this process starts listen on 127.0.0.1 only (GCS, raylet, workers, agents): Ray
+    does so when it is not to form a multi-node cluster (its macOS/Windows default), read from the environment
+    by its processes and from ``ray_constants`` by this one (``ray.init(_node_ip_address="127.0.0.1")`` is
+    turned into the machine's address and binds every interface)."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _print_members(results, spec: TuneSpec) -> None:
+    table = member_table(results, spec)
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 80):
+        print(table.drop(columns=["error"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))

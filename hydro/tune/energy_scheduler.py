@@ -34,7 +34,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from hydro.energy.detect import detect_devices
 from hydro.energy.tuning import DeviceSource, EnergySettings
-from hydro.trial.plan import HYDRO_KEY, TrialKind
+from hydro.trial.plan import HYDRO_KEY, TrialKind, plan_of
 from hydro.trial.spec import TuneSpec
 from schedulers.energy.batch_size import BatchSizeBandit, Observation, min_converged_cost
 from schedulers.energy.store import EnergyStore
@@ -91,7 +91,7 @@ class EnergyScheduler(FIFOScheduler):
         if self.bandit is None:
             return
         if _is_target(trial.config):  # the batch size its configuration was tuned with
-            source = trial.config[HYDRO_KEY]["source"].get("member")
+            source = plan_of(trial.config).source.get("member")
             if source in self._member_batch:
                 _set_batch_size(trial.config, self.keys["batch_size"], self._member_batch[source])
             return
@@ -99,7 +99,7 @@ class EnergyScheduler(FIFOScheduler):
         _set_batch_size(trial.config, self.keys["batch_size"], choice)
         self._assigned[trial.trial_id] = choice
         if HYDRO_KEY in trial.config:
-            self._member_batch.update((m["id"], choice) for m in trial.config[HYDRO_KEY]["members"])
+            self._member_batch.update((m, choice) for m in plan_of(trial.config).member_ids)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         if _is_target(trial.config):
@@ -150,24 +150,22 @@ class EnergyScheduler(FIFOScheduler):
 
 
 def _is_target(config: Mapping) -> bool:
-    return HYDRO_KEY in config and config[HYDRO_KEY]["kind"] == TrialKind.TARGET
+    return HYDRO_KEY in config and plan_of(config).kind == TrialKind.TARGET
 
 
 def _set_batch_size(config: dict, key: str, batch_size: int) -> None:
-    """Set the trial's batch size: ``config[key]``, and of every member of a Hydro trial (a fused group's
-    column holds one value per member)."""
-    if HYDRO_KEY not in config:
+    """Set the trial's batch size: ``config[key]`` of a plain trial or the target, and every member's of a Hydro
+    trial (whose members train from the plan's configurations)."""
+    if HYDRO_KEY in config:
+        for _, member_config in plan_of(config).members:
+            member_config[key] = batch_size
+    if HYDRO_KEY not in config or _is_target(config):
         config[key] = batch_size
-        return
-    members = config[HYDRO_KEY]["members"]
-    for member in members:
-        member["config"][key] = batch_size
-    config[key] = batch_size if _is_target(config) else [batch_size] * len(members)
 
 
 def _batch_size(config: Mapping, key: str) -> int | None:
     if HYDRO_KEY in config:
-        return config[HYDRO_KEY]["members"][0]["config"].get(key)
+        return plan_of(config).members[0][1].get(key)
     return config.get(key)
 
 

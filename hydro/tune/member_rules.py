@@ -15,6 +15,23 @@ from schedulers.member_stopping import ASHA, MedianStopping, StoppingRule
 EPOCH_ATTRS = ("training_iteration", "epoch")  # what a member's time counts: its epochs
 
 
+def refuse_trial_scheduler(scheduler: TrialScheduler | None) -> None:
+    """Refuse a Ray Tune scheduler given to Tune itself (``TuneConfig(scheduler=...)``) in a ``HydroSearcher``
+    run: Ray's ASHA, HyperBand, median stopping and PBT compare whole fused trials, whose trial-level objective is
+    not a member's, so they would stop nothing (or every member of a trial at once). Ray's ``FIFOScheduler`` and
+    Hydro's schedulers (which only place or cost trials; one wrapping a ``base`` is checked through it) pass."""
+    node = scheduler
+    while node is not None and type(node) is not FIFOScheduler:
+        if type(node).__module__.startswith("ray.tune.schedulers"):
+            name = type(node).__name__
+            fix = (f"pass it as HydroSearcher(..., scheduler={name}(...)) and leave TuneConfig.scheduler unset: Hydro "
+                   f"applies it to each member" if isinstance(node, (AsyncHyperBandScheduler, MedianStoppingRule))
+                   else "per-member stopping takes ASHAScheduler or MedianStoppingRule as HydroSearcher(scheduler=...)")
+            raise ValueError(f"hydro: TuneConfig(scheduler={name}(...)) with a HydroSearcher would compare whole fused "
+                             f"trials, not members, and stop nothing; {fix}")
+        node = getattr(node, "base", None)
+
+
 def stopping_rule(scheduler: StoppingRule | TrialScheduler | None, metric: str) -> StoppingRule | None:
     """The per-member rule for ``scheduler`` (``None`` or a ``FIFOScheduler``: no stopping); ``metric`` is the
     tuned metric, which a Ray scheduler must not name differently."""

@@ -5,12 +5,19 @@ import json
 import math
 import os
 
-import pandas as pd
-from ray.tune import ResultGrid
+from collections.abc import Mapping
 
-from hydro.trial.spec import TuneSpec
-from hydro.tune.session import MEMBERS_KEY
+import pandas as pd
+import torch
+from ray.tune import Result, ResultGrid
+from torch import nn
+
+from hydro.binder import FusedModel, unfuse
+from hydro.trial.members import build_members
 from hydro.trial.plan import TrialKind, plan_of
+from hydro.trial.spec import TuneSpec
+from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
+from hydro.tune.trainable import STATE_FILE
 
 MEMBER_TABLE_FILE, BEST_FILE = "hydro_members.csv", "hydro_best.json"
 ENERGY_COLUMNS = ("energy_j", "cost")  # each member's share (J) when trials are energy-tuned
@@ -28,7 +35,8 @@ def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
         history = result.metrics_dataframe
         for member, config in plan.members:
             row = {"member": trial if plan.kind == TrialKind.PLAIN else member,
-                   "kind": plan.kind, "trial": trial, "error": result.error is not None,
+                   "kind": plan.kind, "trial": trial,
+                   "error": result.error is not None or bool((result.metrics or {}).get(ERROR_KEY)),
                    **{f"config/{k}": v for k, v in config.items()}}
             row.update(_final(history, spec, f"{MEMBERS_KEY}/{member}/" if plan.kind == TrialKind.SURROGATE else ""))
             rows.append(row)
@@ -56,29 +64,101 @@ def _final(history: pd.DataFrame | None, spec: TuneSpec, prefix: str) -> dict:
     return {**values, "epochs": epochs, "stop_epoch": epochs if stopped else None}
 
 
-def best_configuration(results: ResultGrid, spec: TuneSpec) -> dict:
-    """The run's best result (the target's, in a run with one): its configuration and metrics."""
-    best = results.get_best_result(spec.metric, spec.mode)
-    plan = plan_of(best.config)
-    config = plan.members[0][1] if plan.kind != TrialKind.SURROGATE else None
-    if config is None:  # a run without a target: the best member of the best fused trial
-        table = member_table(results, spec)
-        top = table[table["kind"] == TrialKind.SURROGATE].iloc[0]
-        config = {k.split("/", 1)[1]: v for k, v in top.items() if k.startswith("config/") and _present(v)}
-    return {"config": config, "kind": plan.kind, "metric": spec.metric, "mode": spec.mode,
-            "value": best.metrics.get(spec.metric), "metrics": {k: best.metrics.get(k) for k in spec.metric_names()},
-            "source": plan.source}
+def best_configuration(results: ResultGrid, spec: TuneSpec) -> dict | None:
+    """The run's best result: the full-size target's when it trained, else the best member's; its configuration
+    and metrics. ``None`` when no member or target ended with a finite objective (e.g. every member failed)."""
+    table = member_table(results, spec)
+    if table.empty or spec.metric not in table:
+        return None
+    finite = table[[isinstance(v, (int, float)) and math.isfinite(v) for v in table[spec.metric]]]
+    if finite.empty:
+        return None
+    targets = finite[finite["kind"] == TrialKind.TARGET]
+    row = (targets if not targets.empty else finite).iloc[0]
+    config = {k.split("/", 1)[1]: _plain(v) for k, v in row.items() if k.startswith("config/") and _present(v)}
+    source = next((plan_of(r.config).source for r in results
+                   if r.config is not None and (r.metrics or {}).get("trial_id") == row["trial"]), {})
+    return {"config": config, "kind": row["kind"], "metric": spec.metric, "mode": spec.mode,
+            "value": float(row[spec.metric]), "metrics": {k: _plain(row.get(k)) for k in spec.metric_names()},
+            "member": row["member"], "source": source}
 
 
-def write_results(results: ResultGrid, spec: TuneSpec, directory: str | None = None) -> tuple[str, str]:
+def failures(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | None = None) -> dict[str, list[str]]:
+    """Why members failed: cause -> the members (or trials) it failed. ``rejected``: members rejected before
+    training (``HydroSearcher.rejected_members()``)."""
+    causes: dict[str, list[str]] = {}
+    for member, (_, why) in (rejected or {}).items():
+        causes.setdefault(why, []).append(member)
+    for result in results:
+        if result.config is None:
+            continue
+        cause = (result.metrics or {}).get(ERROR_KEY) or (_first_line(result.error) if result.error else None)
+        if cause:
+            causes.setdefault(cause, []).extend(plan_of(result.config).member_ids)
+    return causes
+
+
+def failure_summary(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | None = None) -> str:
+    """One message for a run in which no member ended with a finite objective."""
+    causes = failures(results, rejected)
+    lines = [f"  {len(members)} x {cause} (members {', '.join(members[:6])}{', ...' if len(members) > 6 else ''})"
+             for cause, members in causes.items()]
+    return "hydro: no member ended with a finite objective" + (":\n" + "\n".join(lines) if lines else
+                                                              " (every member diverged: NaN or inf)")
+
+
+def write_results(results: ResultGrid, spec: TuneSpec, directory: str | None = None) -> tuple[str, str | None]:
     """Write the member table (CSV) and the best configuration (JSON) to ``directory`` (default: the run
-    directory); returns both paths."""
+    directory); returns both paths (the JSON's ``None`` when there is no best configuration: no file)."""
     directory = directory or results.experiment_path
     table_path, best_path = os.path.join(directory, MEMBER_TABLE_FILE), os.path.join(directory, BEST_FILE)
     member_table(results, spec).to_csv(table_path, index=False)
+    best = best_configuration(results, spec)
+    if best is None:
+        return table_path, None
     with open(best_path, "w") as f:
-        json.dump(best_configuration(results, spec), f, indent=2, default=str)
+        json.dump(best, f, indent=2, default=str)
     return table_path, best_path
+
+
+def target_result(results: ResultGrid) -> Result | None:
+    """The full-size target trial's result (``None`` if the run trained none)."""
+    return next((r for r in results if r.config is not None and plan_of(r.config).kind == TrialKind.TARGET), None)
+
+
+def load_model(result: Result, spec: TuneSpec) -> nn.Module:
+    """The trained full-size model of ``result`` (the target's, e.g. ``results.get_best_result()``, or a plain
+    trial's) from its last checkpoint, as ``spec.model(config)`` builds it: the user's class, in eval mode."""
+    plan = plan_of(result.config)
+    if plan.kind == TrialKind.SURROGATE:
+        raise ValueError(f"hydro.tune.load_model: trial {result.path} trains fused surrogate members (scale "
+                         f"{plan.scale}), not the full-size model; pass the target's result "
+                         f"(hydro.tune.results.target_result(results)), in a run with a transfer_fraction")
+    if result.checkpoint is None:
+        raise ValueError(f"hydro.tune.load_model: trial {result.path} has no checkpoint (it failed before its "
+                         f"first, or was stopped before it)")
+    with result.checkpoint.as_directory() as directory:
+        state = torch.load(os.path.join(directory, STATE_FILE), weights_only=False)
+    (member, config), = plan.members
+    members, _ = build_members(spec, [config], [member], 1, fuse=False, mup=plan.mup)
+    members.load_state_dict(state["members"])
+    trained = members.modules()[0]
+    if isinstance(trained, FusedModel):  # a µP target (F=1): its weights go into the user's own model
+        trained = unfuse(trained)[0]
+    model = spec.model(config)
+    model.load_state_dict(trained.state_dict())
+    return model.eval()
+
+
+def _first_line(error: BaseException) -> str:
+    cause = error.as_instanceof_cause() if hasattr(error, "as_instanceof_cause") else error
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[-1] if text else ''}"
+
+
+def _plain(value):
+    """A table value as a plain Python value (numpy scalars print as ``np.float64(...)``)."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def _present(value) -> bool:

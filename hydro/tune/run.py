@@ -1,18 +1,25 @@
 """``fit``: one call that tunes a ``TuneSpec`` with ``HydroSearcher`` on Ray Tune and writes the results."""
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Sequence
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
 from hydro.energy.tuning import EnergySettings
+from hydro.trial.check import WorkloadError, check_workload
+from hydro.trial.spec import Batch, TuneSpec
 from hydro.tune.energy_scheduler import for_hydro
-from hydro.tune.results import write_results
+from hydro.tune.progress import MemberProgress, show_progress
+from hydro.tune.random_search import RandomSearch
+from hydro.tune.results import failure_summary, write_results
 from hydro.tune.searcher import HydroSearcher
-from hydro.trial.spec import TuneSpec
 from hydro.tune.trainable import trainable
+
+NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 
 
 def asha(spec: TuneSpec) -> ASHAScheduler:
@@ -33,34 +40,83 @@ def trial_dirname(trial) -> str:
     return f"{trial.trainable_name}_{trial.trial_id}"
 
 
+def prepare(spec: TuneSpec, param_space: dict, *, scale: int = 1, seed: int = 0) -> tuple[Batch, Batch]:
+    """Load the workload's data and check the workload on it, in this process (no Ray): two fused members of
+    one configuration drawn from ``param_space`` and the full-size target, one batch each. Returns the data;
+    raises :class:`~hydro.trial.check.WorkloadError` naming what failed."""
+    if not isinstance(scale, int) or scale < 1:
+        raise WorkloadError(f"hydro: scale must be an integer >= 1 (1 = full size), got {scale!r}")
+    data = spec.load_data()
+    check_workload(spec, RandomSearch(param_space, seed=seed).suggest("check"), scale, data)
+    return data
+
+
+@contextlib.contextmanager
+def _ray_output(show: bool):
+    """Ray's own trial table when ``show``; else none at all (Ray 2.60's default output prints its header, e.g.
+    "Number of trials 9223372036854775807", at any verbosity; its legacy output obeys ``verbose=0``)."""
+    saved = os.environ.get(NEW_OUTPUT)
+    if not show:
+        os.environ[NEW_OUTPUT] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(NEW_OUTPUT, None)
+        else:
+            os.environ[NEW_OUTPUT] = saved
+
+
+class TuningFailed(RuntimeError):
+    """No member (nor the target) ended with a finite objective; ``results``/``searcher`` hold what ran."""
+
+    def __init__(self, message: str, results: tune.ResultGrid, searcher: HydroSearcher) -> None:
+        super().__init__(message)
+        self.results, self.searcher = results, searcher
+
+
 def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, fusion: int | str = "auto",
         max_fusion: int = 64, scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
         max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1,
+        callbacks: Sequence[tune.Callback] = (), data: tuple[Batch, Batch] | None = None,
         energy: EnergySettings | None = None) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
-    table and best configuration written to its directory) and the searcher. ``energy``: energy-tune the
-    trials (:func:`hydro.tune.energy_scheduler.for_hydro` schedules them)."""
+    table and best configuration written to its directory) and the searcher.
+
+    ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
+    process before any trial starts. ``verbose``: 0 silent, 1 member
+    progress (logger ``hydro.tune.progress``), 2 also Ray's trial table. ``max_failures``: retries of a trial
+    that crashed (deterministic errors, e.g. a member that cannot be built, are not retried). ``energy``:
+    energy-tune the trials (:func:`hydro.tune.energy_scheduler.for_hydro` schedules them). Raises
+    :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""
     if energy is not None and energy.batch_sizes and "batch_size" in param_space:
         raise ValueError("hydro tune --energy: the batch size is chosen per fused group by the energy bandit; remove "
                          "'batch_size' from the param space, or turn the bandit off (--energy-batch-sizes with no "
                          "value / EnergySettings(batch_sizes=()))")
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    data = spec.load_data()  # once, in the driver: the searcher plans fusion with it, trials get it from Ray
+    data = data if data is not None else prepare(spec, param_space, scale=scale, seed=seed)
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale, fusion=fusion,
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data)
+    progress = [MemberProgress(spec.metric, spec.mode, num_samples)] if verbose >= 1 else []
+    if progress:
+        show_progress()
     tuner = tune.Tuner(
         trainable(spec, data, energy), param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
                                     scheduler=None if energy is None else for_hydro(energy, spec, seed),
                                     reuse_actors=True, max_concurrent_trials=max_concurrent_trials,
                                     trial_dirname_creator=trial_dirname),
-        run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=verbose,
+        run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=1 if verbose >= 2 else 0,
+                                  callbacks=[*progress, *callbacks],
                                   failure_config=tune.FailureConfig(max_failures=max_failures),
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
     )
-    results = tuner.fit()
-    write_results(results, spec)
+    with _ray_output(verbose >= 2):
+        results = tuner.fit()
+    _, best = write_results(results, spec)
+    if best is None:
+        raise TuningFailed(failure_summary(results, hydro_searcher.rejected_members()), results, hydro_searcher)
     return results, hydro_searcher

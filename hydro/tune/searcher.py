@@ -13,22 +13,24 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import sys
 import tempfile
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.sample import Domain
 
+from hydro.trial.check import check_member
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
 from hydro.trial.spec import Batch, TuneSpec
 from hydro.tune.member_decisions import start_service
-from hydro.tune.member_rules import stopping_rule
+from hydro.tune.member_rules import refuse_trial_scheduler, stopping_rule
 from hydro.tune.random_search import RandomSearch
-from hydro.tune.session import MEMBERS_KEY
+from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
@@ -48,6 +50,7 @@ class SearchState:
     service_name: str
     space: dict
     target_trial: str | None = None
+    rejected: dict[str, tuple[dict, str]] = field(default_factory=dict)  # member -> (config, why)
 
 
 class HydroSearcher(Searcher):
@@ -80,6 +83,7 @@ class HydroSearcher(Searcher):
                                  MemberStopping(rule, spec.mode) if rule is not None else None,
                                  f"hydro-member-decisions-{uuid.uuid4().hex[:12]}", {})
         self._service = None
+        self._scheduler_checked = False
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -97,6 +101,9 @@ class HydroSearcher(Searcher):
         return False  # the limit applies to fused trials, which Tune counts itself
 
     def suggest(self, trial_id: str) -> dict | None:
+        if not self._scheduler_checked:  # before the first trial
+            refuse_trial_scheduler(_tune_run_scheduler())
+            self._scheduler_checked = True
         self._ensure_service()
         state = self.state
         if state.target_trial is None and self.transfer.due(state.ledger.finished, self._nothing_left()):
@@ -106,7 +113,7 @@ class HydroSearcher(Searcher):
             state.ledger.add_trial(trial_id, [m for m, _ in members])
             plan = TrialPlan(TrialKind.SURROGATE, members, self.scale, self.scale > 1, self._service_name(),
                              reports_objective=self.transfer.fraction is None)
-            return {**plan.to_config(), **_columns([c for _, c in members])}
+            return {**_unset(state.space), **plan.to_config()}
         if state.pool.exhausted and (self.transfer.fraction is None or state.target_trial is not None
                                      or not state.ledger.running()):
             return Searcher.FINISHED
@@ -118,7 +125,7 @@ class HydroSearcher(Searcher):
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if result:
             self.on_trial_result(trial_id, result)
-        self._forward(self.state.ledger.trial_complete(trial_id, error))
+        self._forward(self.state.ledger.trial_complete(trial_id, error or bool((result or {}).get(ERROR_KEY))))
 
     def save(self, checkpoint_path: str) -> None:
         if self._service is not None:
@@ -153,6 +160,10 @@ class HydroSearcher(Searcher):
         """Final result of every finished member (member id -> metrics, epoch, stopped)."""
         return dict(self.state.ledger.finished)
 
+    def rejected_members(self) -> dict[str, tuple[dict, str]]:
+        """Members whose configuration could not train, rejected before any trial: id -> (config, why)."""
+        return dict(self.state.rejected)
+
     def best_member(self) -> tuple[str, dict] | None:
         """The finished member with the best finite objective, as (member id, config)."""
         member = self.transfer.best(self.state.ledger.finished)
@@ -173,7 +184,15 @@ class HydroSearcher(Searcher):
             return Suggestion.NOT_NOW
         if config == Searcher.FINISHED:
             return Suggestion.FINISHED
-        return _complete(self.state.space, config)
+        config = _complete(self.state.space, config)
+        problem = check_member(self.spec, config)
+        if problem is None:
+            return config
+        logger.warning("member %s rejected before training (the inner searcher is told it failed): %s; "
+                       "configuration %s", member, problem, config)
+        self.state.rejected[member] = (config, problem)
+        self._forward([self.state.ledger.reject(member)])
+        return Suggestion.REJECTED
 
     def _fusion_for(self, key, config: Mapping) -> int:
         if self._planner is None:  # fusion="auto"
@@ -200,8 +219,30 @@ class HydroSearcher(Searcher):
         for event in events:
             if event.kind is EventKind.RESULT:
                 self.inner.on_trial_result(event.member, event.result)
+            elif event.result and event.result.get("stopped") is True and _prunes(self.inner):
+                self.inner.on_trial_result(event.member, event.result)  # its last value, then no final result:
+                self.inner.on_trial_complete(event.member, result=None)  # Optuna records PRUNED with that value
             else:
                 self.inner.on_trial_complete(event.member, result=event.result, error=event.error)
+
+
+def _prunes(searcher: Searcher) -> bool:
+    """Whether ``searcher`` records a trial completed without a result and without an error as stopped early
+    (Ray's ``OptunaSearch``: ``PRUNED``, with its last intermediate value); others get the final result."""
+    from ray.tune.search.optuna import OptunaSearch
+
+    return isinstance(searcher, OptunaSearch)
+
+
+def _tune_run_scheduler() -> TrialScheduler | None:
+    """The scheduler of the ``ray.tune.run`` call (``tune.Tuner.fit`` calls it) that is setting this searcher
+    up, read from its frame: Tune hands a searcher nothing else about the run (``None`` outside one)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "run" and frame.f_globals.get("__name__") == "ray.tune.tune":
+            return frame.f_locals.get("scheduler")
+        frame = frame.f_back
+    return None
 
 
 def _member_results(result: Mapping) -> dict[str, dict]:
@@ -215,10 +256,16 @@ def _member_results(result: Mapping) -> dict[str, dict]:
     return members
 
 
-def _columns(configs: list[dict]) -> dict:
-    """The members' values of each hyperparameter as one list per key (Tune shows them as trial columns)."""
-    keys = dict.fromkeys(k for c in configs for k in c)
-    return {k: [c.get(k) for c in configs] for k in keys}
+def _unset(space: Mapping) -> dict:
+    """``None`` for every sampled entry of ``space``: Tune merges a suggestion into ``param_space``, so a fused
+    trial (whose members differ in these) would otherwise keep the unresolved search-space objects there."""
+    unset = {}
+    for key, value in space.items():
+        if isinstance(value, Domain) or (isinstance(value, Mapping) and "grid_search" in value):
+            unset[key] = None
+        elif isinstance(value, Mapping):
+            unset[key] = _unset(value)
+    return unset
 
 
 def _complete(space: Mapping, config: Mapping) -> dict:

@@ -15,6 +15,7 @@ In a Ray Tune function trainable started by a ``HydroSearcher``::
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 
@@ -22,10 +23,15 @@ import ray
 import torch
 from ray import tune
 
+from hydro.trial.check import describe
 from hydro.tune.member_decisions import lookup_service
 from hydro.trial.plan import TrialKind, TrialPlan, plan_of
+from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS
+
+logger = logging.getLogger(__name__)
 
 MEMBERS_KEY = "members"
+ERROR_KEY = "hydro_error"  # a trial that could not train its members: the cause (its members failed)
 MEMBER_ONLY = ("done", "stopped", "epoch", "training_iteration")  # per-member bookkeeping, not trial metrics
 
 
@@ -56,11 +62,15 @@ class MemberSession:
     def step(self, epoch: int, metrics: Mapping[str, Sequence[float] | torch.Tensor], final: bool = False,
              extra: Mapping | None = None) -> list[int]:
         """Record each member's ``metrics`` (name -> ``[F]`` values in ``member_ids`` order) for ``epoch``, ask
-        which members stop, and return the positions of those that go on (none after the ``final`` epoch)."""
+        which members stop, and return the positions of those that go on (none after the ``final`` epoch). A
+        member whose ``train_loss`` or ``val_loss`` is NaN or inf diverged: all its metrics are NaN, the worst
+        value for stopping and ranking whatever the tuned metric."""
         if self.metric not in metrics:
             raise KeyError(f"the tuned metric {self.metric!r} is not among the reported metrics {sorted(metrics)}")
         results = {m: {k: float(v[i]) for k, v in metrics.items()} for i, m in enumerate(self.member_ids)}
         for result in results.values():
+            if not all(math.isfinite(result[k]) for k in (TRAIN_LOSS, VAL_LOSS) if k in result):
+                result.update(dict.fromkeys(metrics, math.nan))  # diverged: e.g. the accuracy of NaN logits is noise
             result.update(epoch=epoch, training_iteration=epoch)
         self._names = [*metrics, "epoch", "training_iteration"]
         objective = {m: r[self.metric] for m, r in results.items()}
@@ -78,6 +88,16 @@ class MemberSession:
             raise RuntimeError("MemberSession.report() needs a step() first")
         tune.report(self._pending, checkpoint=checkpoint)
         self._pending = None
+
+    def fail(self, error: BaseException) -> None:
+        """Report that this trial's members cannot train (a deterministic error, e.g. building them): the trial
+        ends with ``hydro_error`` set instead of raising, so Tune's ``FailureConfig`` does not retry what would
+        fail the same way again, and the searcher counts its members as failed. A plain trial raises ``error``."""
+        if self.plan.kind == TrialKind.PLAIN:
+            raise error
+        logger.error("hydro: trial %s cannot train its members: %s", self.plan, describe(error))
+        tune.report({"epoch": 0, "hydro_kind": self.plan.kind.value, "live_members": 0, self.metric: math.nan,
+                     ERROR_KEY: describe(error)})
 
     def _trial_result(self, results: dict[str, dict], epoch: int, live: int, extra: dict) -> dict:
         """Surrogates: per-member results under ``members/<id>/...``, the best member's objective as

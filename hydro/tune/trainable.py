@@ -22,6 +22,7 @@ from ray import tune
 
 from hydro.energy.observer import EnergyObserver
 from hydro.energy.tuning import EnergySettings, trial_observer
+from hydro.trial.check import CONFIG_ERRORS
 from hydro.trial.spec import Batch, TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.session import MemberSession
@@ -58,8 +59,12 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[Batch, Batch] | None = N
     it: each member reports its ``energy_j``/``cost`` share, the trial its totals and ``member_epoch_cost``."""
     state = _restored_state()
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None)
-    trial = FusedTrial(spec, session.plan, data if data is not None else spec.load_data(),
-                       member_ids=session.member_ids)
+    try:
+        trial = FusedTrial(spec, session.plan, data if data is not None else spec.load_data(),
+                           member_ids=session.member_ids)
+    except CONFIG_ERRORS as error:  # deterministic: reported as failed members, not raised for Tune to retry
+        session.fail(error)
+        return
     if trial.fallback:
         logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids), trial.fallback)
     if state:

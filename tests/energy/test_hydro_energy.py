@@ -24,8 +24,8 @@ def _run(tmp_path, name, samples):
 
 
 def _batch_size(config):
-    sizes = {m["config"]["batch_size"] for m in config["hydro"]["members"]}
-    assert len(sizes) == 1 and config["batch_size"] == [*sizes] * len(config["hydro"]["members"])
+    sizes = {member_config["batch_size"] for _, member_config in config["hydro"].members}
+    assert len(sizes) == 1
     return sizes.pop()
 
 
@@ -43,7 +43,7 @@ def test_hydro_trials_are_energy_tuned_and_reuse_the_profile(ray_cluster, tmp_pa
     for size in (32, 64):
         assert by_size[size]["epoch"] == 3
     for config, m in first:
-        members = [x["id"] for x in config["hydro"]["members"]]
+        members = config["hydro"].member_ids
         shares = [m["members"][x]["energy_j"] for x in members]
         assert sum(shares) == pytest.approx(m["energy_j"]) and shares[0] == pytest.approx(shares[1])
         assert m["power_profiled_here"] and m["power_limit_w"] is not None  # each (F=2, b) profiled once

@@ -9,12 +9,11 @@ import pytest
 import ray
 
 from hydro.cli import main
-from tests.tune.test_tune_cli import WORKLOAD
+from tests.tune.test_tune_cli import workload_file  # noqa: F401 (a fixture)
 
 
-def test_energy_without_a_measurable_device_is_refused_before_ray_starts(tmp_path, monkeypatch):
-    path = tmp_path / "my_workload.py"
-    path.write_text(WORKLOAD)
+def test_energy_without_a_measurable_device_is_refused_before_ray_starts(workload_file, tmp_path, monkeypatch):
+    path = workload_file
     monkeypatch.setattr("hydro.tune.energy_scheduler.detect_devices", lambda: [])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(SystemExit, match="no device to measure on this host.*--energy-devices simulated"):
@@ -22,9 +21,8 @@ def test_energy_without_a_measurable_device_is_refused_before_ray_starts(tmp_pat
     assert not ray.is_initialized()
 
 
-def test_energy_run_reports_energy_and_cost_per_member(tmp_path, capsys):
-    path = tmp_path / "my_workload.py"
-    path.write_text(WORKLOAD)
+def test_energy_run_reports_energy_and_cost_per_member(workload_file, tmp_path, capsys):
+    path = workload_file
     try:
         assert main(["tune", "--workload", str(path), "--samples", "4", "--fusion", "2", "--scheduler", "none",
                      "--storage", str(tmp_path / "runs"), "--name", "cli", "--energy", "--energy-devices",

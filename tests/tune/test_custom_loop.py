@@ -1,10 +1,13 @@
 """The lower-level path: a user's own training loop reporting per member through ``MemberSession``."""
 from __future__ import annotations
 
+import math
+
 import pytest
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.tune import HydroSearcher, MemberSession, member_table
 from tests.tune.workload import EPOCHS, SPACE, custom_loop, spec
 
@@ -27,3 +30,15 @@ def test_missing_metric_names_it_and_the_reported_keys():
     session = MemberSession({"lr": 0.1}, metric="val_acc", mode="max")  # a plain trial: no Ray needed here
     with pytest.raises(KeyError, match=r"'val_acc' is not among the reported metrics \['accuracy', 'loss'\]"):
         session.step(1, {"loss": [0.5], "accuracy": [0.9]})
+
+
+def test_a_diverged_member_reports_nan_for_every_metric():
+    """NaN logits still give an accuracy (argmax picks a class): a member with a non-finite loss reports NaN
+    for every metric, so stopping rules and the ranking treat it as the worst on any metric."""
+    plan = TrialPlan(TrialKind.SURROGATE, [("m00000", {}), ("m00001", {})], reports_objective=True)
+    session = MemberSession(plan.to_config(), metric="val_acc", mode="max")  # no stopping service: no Ray here
+    session.step(1, {"train_loss": [0.5, math.nan], "val_loss": [0.4, math.inf], "val_acc": [0.9, 0.1]})
+    members = session._pending["members"]
+    assert members["m00000"]["val_acc"] == 0.9 and members["m00000"]["val_loss"] == 0.4
+    assert all(math.isnan(members["m00001"][k]) for k in ("train_loss", "val_loss", "val_acc"))
+    assert session._pending["val_acc"] == 0.9  # the trial's objective: its best finite member

@@ -1,8 +1,10 @@
-"""``ray job submit -- python -m hydro.cli tune ...`` against a real ``ray start --head`` cluster.
+"""``ray job submit -- python -m hydro.cli tune ...`` and ``hydro tune --address`` against a real
+``ray start --head`` cluster with Ray 2.60's token authentication on (issue 12.4), running a workload file that
+imports a module beside it.
 
 The head runs in its own temp dir (so no other ``ray.init()`` on this machine, e.g. the ``ray_cluster``
-fixture, finds and joins it) on free ports, with token authentication off for this throwaway cluster, and
-is stopped (``ray start --block`` ends its own processes on SIGTERM) whatever happens.
+fixture, finds and joins it) on free ports, with its own HOME (its own ``~/.ray/auth_token``), and is stopped
+(``ray start --block`` ends its own processes on SIGTERM) whatever happens.
 """
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.tune.test_tune_cli import USER_NET, WORKLOAD
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
@@ -42,18 +47,35 @@ def wait_for_dashboard(url: str, head: subprocess.Popen, timeout_s: float = 90.0
         try:
             with urllib.request.urlopen(f"{url}/api/version", timeout=2):
                 return
+        except urllib.error.HTTPError:  # up, and asking for the token
+            return
         except OSError:
             time.sleep(1)
     raise TimeoutError(f"the Ray dashboard at {url} did not come up in {timeout_s} s")
 
 
+def hydro_rows(out: str) -> list[str]:
+    return sorted(line.split()[0] for line in out.splitlines() if line.strip().startswith(("m0000", "target ")))
+
+
 @pytest.mark.skipif(not RAY.exists(), reason="needs the `ray` command of this Python environment")
-def test_ray_job_submit_runs_hydro_tune_on_the_running_cluster():
+def test_ray_job_submit_and_address_with_token_authentication(tmp_path):
     gcs, dashboard, client, agent = free_ports(4)
-    # A short temp dir: Ray's socket paths below it must fit the 107-character limit of Unix sockets.
+    # A short temp dir: Ray's socket paths below it must fit the 107-character limit of Unix sockets. HOME is a
+    # fresh one too, so ~/.ray/auth_token is this test's.
     temp = Path(tempfile.mkdtemp(prefix="hj", dir="/tmp"))
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
+    home = temp / "home"
+    home.mkdir()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(home)}
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE"):
+        env.pop(name, None)
+    # What an earlier local run leaves behind: a token. `ray start` then turns token authentication on.
+    subprocess.run([str(RAY), "get-auth-token", "--generate"], env=env, capture_output=True, check=True, timeout=60)
+    assert (home / ".ray" / "auth_token").exists()
+    project = tmp_path / "project"  # a user's folder: the workload imports a module beside it
+    project.mkdir()
+    (project / "user_net.py").write_text(USER_NET)
+    (project / "my_workload.py").write_text(WORKLOAD)
     head = subprocess.Popen(
         [str(RAY), "start", "--head", "--block", "--num-cpus", "2", "--include-dashboard=true",
          "--dashboard-host", "127.0.0.1", "--port", str(gcs), "--dashboard-port", str(dashboard),
@@ -63,19 +85,28 @@ def test_ray_job_submit_runs_hydro_tune_on_the_running_cluster():
     try:
         url = f"http://127.0.0.1:{dashboard}"
         wait_for_dashboard(url, head)
+        # As the README says: the job submission client sends the token with RAY_AUTH_MODE=token.
         job = subprocess.run(
             [str(RAY), "job", "submit", "--address", url, "--working-dir", str(REPO), "--",
-             sys.executable, "-m", "hydro.cli", "tune", "--example", "digits-mlp", "--samples", "4", "--scale",
-             "8", "--epochs", "2", "--fusion", "2", "--scheduler", "none", "--storage", str(temp / "runs"),
-             "--name", "job"],
-            env=env, capture_output=True, text=True, timeout=240, check=False)
+             sys.executable, "-m", "hydro.cli", "tune", "--workload", str(project / "my_workload.py"), "--samples",
+             "2", "--fusion", "2", "--scheduler", "none", "--storage", str(temp / "runs"), "--name", "job"],
+            env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=300, check=False)
         out = job.stdout + job.stderr
         assert job.returncode == 0, out[-4000:]
         assert "Connecting to existing Ray cluster at address: " in out and f":{gcs}" in out  # not a new one
         assert "best configuration (target, val_acc = " in out
-        rows = [line.split()[0] for line in out.splitlines() if line.strip().startswith(("m0000", "target "))]
-        assert sorted(rows) == ["m00000", "m00001", "m00002", "m00003", "target"]
+        assert hydro_rows(out) == ["m00000", "m00001", "target"]
         assert (temp / "runs" / "job" / "hydro_best.json").exists()
+        # `hydro tune --address` reads the token itself (RAY_AUTH_MODE unset), from the user's folder.
+        direct = subprocess.run(
+            [sys.executable, "-m", "hydro.cli", "tune", "--address", f"127.0.0.1:{gcs}", "--workload",
+             "my_workload.py", "--samples", "2", "--fusion", "2", "--scheduler", "none", "--storage",
+             str(temp / "runs"), "--name", "direct"],
+            cwd=project, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
+            check=False)
+        out = direct.stdout + direct.stderr
+        assert direct.returncode == 0, out[-4000:]
+        assert "Missing authentication token" not in out and hydro_rows(out) == ["m00000", "m00001", "target"]
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # the group of `ray start --block`, which stops what it started
         try:

@@ -1,17 +1,15 @@
-"""``hydro tune --workload FILE``: a user's file (its own model class, pickled by value to the workers)."""
+"""``hydro tune`` as a user types it: a workload file importing a module beside it (both pickled by value to the
+workers), bad input refused before Ray starts, and a run in which every member fails ending with one summary."""
+import json
 import textwrap
 
+import pytest
 import ray
 
 from hydro.cli import main
 
-WORKLOAD = textwrap.dedent('''
-    import torch
-    from ray import tune
+USER_NET = textwrap.dedent('''
     from torch import nn
-
-    from hydro.examples.data import digits
-    from hydro.tune import TuneSpec, accuracy
 
 
     class UserNet(nn.Module):
@@ -21,6 +19,16 @@ WORKLOAD = textwrap.dedent('''
 
         def forward(self, x):
             return self.body(x)
+''')
+
+WORKLOAD = textwrap.dedent('''
+    import torch
+    from ray import tune
+    from torch import nn
+
+    from hydro.examples.data import digits
+    from hydro.tune import TuneSpec, accuracy
+    from user_net import UserNet  # a module beside this file
 
 
     def data():
@@ -28,24 +36,82 @@ WORKLOAD = textwrap.dedent('''
         return (train.x[:256], train.y[:256]), (val.x[:128], val.y[:128])
 
 
-    def workload():
-        spec = TuneSpec(model=lambda config: UserNet(), data=data, loss=nn.CrossEntropyLoss(),
-                        optimizer=lambda params, config: torch.optim.Adam(params, lr=config["lr"]),
-                        metric="val_acc", mode="max", metrics={"val_acc": accuracy}, epochs=2, batch_size=32)
-        return spec, {"lr": tune.loguniform(1e-3, 1e-1)}
+    def workload(optimizer=lambda params, config: torch.optim.Adam(params, lr=config["lr"]),
+                 space={"lr": tune.loguniform(1e-3, 1e-1)}, metric="val_acc", mode="max"):
+        spec = TuneSpec(model=lambda config: UserNet(), data=data, loss=nn.CrossEntropyLoss(), optimizer=optimizer,
+                        metric=metric, mode=mode, metrics={"val_acc": accuracy}, epochs=2, batch_size=32)
+        return spec, space
+
+
+    def rmsprop():
+        return workload(optimizer=lambda params, config: torch.optim.RMSprop(params, lr=config["lr"]))
+
+
+    def diverging():  # SGD takes a NaN learning rate (Adam refuses it): every member's loss is NaN after one step
+        return workload(optimizer=lambda params, config: torch.optim.SGD(params, lr=config["lr"]),
+                        space={"lr": float("nan")}, metric="val_loss", mode="min")
 ''')
 
 
-def test_tune_cli_runs_a_user_workload_file(tmp_path, capsys):
-    path = tmp_path / "my_workload.py"
-    path.write_text(WORKLOAD)
+@pytest.fixture
+def workload_file(tmp_path):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "user_net.py").write_text(USER_NET)
+    (folder / "my_workload.py").write_text(WORKLOAD)
+    return folder / "my_workload.py"
+
+
+def test_tune_cli_runs_a_user_workload_file(workload_file, tmp_path, capsys):
     try:
-        assert main(["tune", "--workload", str(path), "--samples", "3", "--fusion", "3", "--scheduler", "none",
-                     "--storage", str(tmp_path / "runs"), "--name", "cli"]) == 0
+        assert main(["tune", "--workload", str(workload_file), "--samples", "3", "--fusion", "3", "--scheduler",
+                     "none", "--storage", str(tmp_path / "runs"), "--name", "cli"]) == 0
     finally:
         ray.shutdown()
     out = capsys.readouterr().out
-    assert "best configuration (target, val_acc = " in out
+    assert "best configuration (target, val_acc = " in out and "Number of trials" not in out
     assert sum(line.split()[0].startswith("m0000") for line in out.splitlines() if line.strip()) == 3
+    assert f"trained full-size model: {tmp_path / 'runs' / 'cli'}/hydro_trial_" in out
     assert (tmp_path / "runs" / "cli" / "hydro_members.csv").exists()
-    assert (tmp_path / "runs" / "cli" / "hydro_best.json").exists()
+    assert json.loads((tmp_path / "runs" / "cli" / "hydro_best.json").read_text())["kind"] == "target"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fusion", "abc"], "argument --fusion: give 'auto' or a number of members >= 1 ('abc' is not an integer)"),
+    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["--epochs", "-1"], "argument --epochs: must be >= 1, got -1"),
+    (["--samples", "0"], "argument --samples: must be >= 1, got 0"),
+    (["--scale", "0"], "argument --scale: must be >= 1, got 0"),
+    (["--transfer-fraction", "0"], "argument --transfer-fraction: must be in (0, 1], got 0.0"),
+])
+def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--example", "digits-mlp", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not ray.is_initialized()
+
+
+def test_an_unsupported_optimizer_fails_once_before_ray_starts(workload_file, tmp_path, capsys):
+    code = main(["tune", "--workload", f"{workload_file}:rmsprop", "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2 and not ray.is_initialized()
+    assert err.startswith("hydro tune: hydro: the workload fails before tuning starts, training two fused members "
+                          "at scale 1 one batch with the configuration {'lr': ")
+    assert err.rstrip().endswith("UnsupportedOptimizer: the optimizer factory returned torch.optim.rmsprop.RMSprop; "
+                                 "fused training supports torch.optim.SGD, Adam and AdamW. Or set "
+                                 "TuneSpec(fallback_unfused=True) to train these members unfused (full size only)")
+    assert "Traceback" not in err
+
+
+def test_every_member_failing_ends_with_one_summary_and_exit_code_1(workload_file, tmp_path, capsys):
+    try:
+        code = main(["tune", "--workload", f"{workload_file}:diverging", "--samples", "4", "--fusion", "2",
+                     "--storage", str(tmp_path / "runs"), "--name", "nan"])
+    finally:
+        ray.shutdown()
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "hydro tune: hydro: no member ended with a finite objective (every member diverged: NaN or inf)" in captured.err
+    assert "TypeError" not in captured.err and "Traceback" not in captured.err
+    assert (tmp_path / "runs" / "nan" / "hydro_members.csv").exists()
+    assert not (tmp_path / "runs" / "nan" / "hydro_best.json").exists()

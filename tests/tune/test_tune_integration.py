@@ -70,11 +70,11 @@ def test_tune_run_with_random_search_and_no_target(ray_cluster, tmp_path):
     assert len(analysis.trials) == 2 and all(t.status == "TERMINATED" for t in analysis.trials)
     expected = RandomSearch(SPACE, seed=3)
     drawn = [expected.suggest(str(i)) for i in range(4)]
-    configs = [m["config"] for t in analysis.trials for m in t.config["hydro"]["members"]]
+    configs = [c for t in analysis.trials for _, c in t.config["hydro"].members]
     assert configs == drawn  # members are exactly the inner searcher's configurations
     for trial in analysis.trials:  # without a target, a fused trial's objective is its best member's
         last = trial.last_result
-        ids = [m["id"] for m in trial.config["hydro"]["members"]]
+        ids = trial.config["hydro"].member_ids
         assert last["val_acc"] == max(last["members"][m]["val_acc"] for m in ids)
         assert all(last["members"][m]["epoch"] == 2 for m in ids)
 
@@ -86,8 +86,8 @@ def test_shrunk_members_transfer_to_a_mup_target(ray_cluster, tmp_path):
     results = tuner(workload, searcher, tmp_path, "shrunk").fit()
     assert not results.errors
     plans = {r.metrics["hydro_kind"]: r.config["hydro"] for r in results}
-    assert plans["surrogate"]["scale"] == 8 and plans["surrogate"]["mup"]
-    assert plans["target"]["scale"] == 1 and plans["target"]["mup"]
+    assert plans["surrogate"].scale == 8 and plans["surrogate"].mup
+    assert plans["target"].scale == 1 and plans["target"].mup
     assert results.get_best_result().metrics["hydro_kind"] == "target"
     assert len(surrogates(member_table(results, workload))) == 4
 
@@ -134,7 +134,7 @@ class KillWorkerOnce(tune.Callback):
         self.killed, self.recovered = None, []
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
-        if self.killed is None and trial.config["hydro"]["kind"] == "surrogate":
+        if self.killed is None and trial.config["hydro"].kind == "surrogate":
             self.killed = trial.trial_id
             os.kill(trial.last_result["pid"], signal.SIGKILL)
 

@@ -12,6 +12,7 @@ from hydro.examples.models import MLP
 from hydro.loss import trial_losses
 from hydro.optim import SGD
 from hydro.tune import MemberSession, TuneSpec, accuracy
+from schedulers.member_stopping import StoppingRule
 
 
 def small_digits():
@@ -23,6 +24,21 @@ def mlp(config):
     return MLP((64, config.get("hidden", 16), 10))
 
 
+class Untraceable(nn.Module):
+    """Python control flow on a tensor value: torch.fx cannot trace it, so it cannot be fused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.linear(x) if x.sum() > 0 else -self.linear(x)
+
+
+def mlp_or_untraceable(config):
+    return Untraceable() if config["kind"] == "untraceable" else mlp(config)
+
+
 def sgd(params, config):
     return torch.optim.SGD(params, lr=config["lr"], momentum=config["momentum"])
 
@@ -31,6 +47,13 @@ def spec(epochs: int = 3, **overrides) -> TuneSpec:
     fields = dict(model=mlp, data=small_digits, loss=nn.CrossEntropyLoss(), optimizer=sgd, metric="val_acc",
                   mode="max", metrics={"val_acc": accuracy}, epochs=epochs, batch_size=32)
     return TuneSpec(**{**fields, **overrides})
+
+
+class StopFirstMemberAfterEpoch1(StoppingRule):
+    """Stops member m00000 after its first epoch, and no other."""
+
+    def on_result(self, member: str, epoch: int, score: float) -> bool:
+        return member == "m00000" and epoch == 1
 
 
 SPACE = {"lr": tune.loguniform(1e-3, 1.0), "momentum": tune.choice([0.0, 0.9])}
