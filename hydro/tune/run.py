@@ -11,6 +11,8 @@ from hydro.tune.results import write_results
 from hydro.tune.searcher import HydroSearcher
 from hydro.trial.spec import TuneSpec
 from hydro.tune.trainable import trainable
+from hydro.tune.bubble_scheduler import BubbleScheduler
+from hydro.tune.fill_trainable import bubble_fill
 
 
 def asha(spec: TuneSpec) -> ASHAScheduler:
@@ -34,10 +36,12 @@ def trial_dirname(trial) -> str:
 def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, fusion: int | str = "auto",
         max_fusion: int = 64, scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
-        max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1
-        ) -> tuple[tune.ResultGrid, HydroSearcher]:
+        max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1,
+        bubbles: bool = False) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
-    table and best configuration written to its directory) and the searcher."""
+    table and best configuration written to its directory) and the searcher. ``bubbles``: the fused trials
+    run in the bubbles of the pipeline jobs registered with the cluster's placement service (late-stage
+    trials and the target on its dedicated workers; see :mod:`hydro.tune.fill_trainable`)."""
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     data = spec.load_data()  # once, in the driver: the searcher plans fusion with it, trials get it from Ray
@@ -45,8 +49,9 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data)
     tuner = tune.Tuner(
-        trainable(spec, data), param_space=param_space,
+        bubble_fill(spec) if bubbles else trainable(spec, data), param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
+                                    scheduler=BubbleScheduler() if bubbles else None,
                                     reuse_actors=True, max_concurrent_trials=max_concurrent_trials,
                                     trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=verbose,
