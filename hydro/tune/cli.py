@@ -38,6 +38,10 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bubbles", action="store_true",
+                        help="run the fused trials in the bubbles of the pipeline jobs registered with the cluster's "
+                             "placement service (late-stage trials and the target on its dedicated workers); needs "
+                             "--address or $RAY_ADDRESS")
     parser.set_defaults(func=run)
 
 
@@ -69,6 +73,9 @@ def load_workload(reference: str) -> tuple[TuneSpec, dict]:
 def run(args: argparse.Namespace) -> int:
     import ray
 
+    if args.bubbles and not (args.address or os.environ.get("RAY_ADDRESS")):
+        raise SystemExit("hydro tune --bubbles: give the cluster whose pipeline jobs have registered their bubbles "
+                         "(--address or $RAY_ADDRESS); an embedded cluster has none")
     spec, space = EXAMPLES[args.example]() if args.example else load_workload(args.workload)
     if args.epochs:
         spec.epochs = args.epochs
@@ -82,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                      scheduler=asha(spec) if args.scheduler == "asha" else None,
                      searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
                      transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
-                     seed=args.seed)
+                     seed=args.seed, bubbles=args.bubbles)
     elapsed = time.perf_counter() - start
     table = member_table(results, spec)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 80):

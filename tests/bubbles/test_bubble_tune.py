@@ -161,3 +161,11 @@ def test_a_failing_fill_fails_its_tune_trial_with_the_real_cause(service, tmp_pa
     (result,) = results
     assert result.error is not None and "ZeroDivisionError: fault injected" in str(result.error)
     assert job.iterations > 0 and all(s["trial"] is None for s in ray.get(service.slots.remote()))
+
+
+def test_cli_bubbles_is_refused_without_a_cluster_whose_jobs_registered_bubbles(monkeypatch):
+    from hydro.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(SystemExit, match="--bubbles: give the cluster whose pipeline jobs have registered"):
+        main(["tune", "--example", "digits-mlp", "--bubbles"])
