@@ -15,6 +15,7 @@ pass tensors as shared-memory handles that die with the child).
 """
 from __future__ import annotations
 
+import copy
 import logging
 import multiprocessing
 import os
@@ -198,9 +199,10 @@ class _Runner:
         self._rng = torch.get_rng_state()  # at the start of the step in flight (an aborted step consumed some)
 
     def state(self) -> dict:
+        """A copy (the trial trains on while the copy is sent) of everything to continue from."""
         state = self.trial.state_dict()
         state["torch_rng"] = self._rng
-        return {"trial": state, "pending": self.pending, "train_loss": self.train_loss}
+        return copy.deepcopy({"trial": state, "pending": self.pending, "train_loss": self.train_loss})
 
     def run(self) -> None:
         try:
@@ -319,7 +321,8 @@ def _child_main(workload, plan, member_ids, state, memory_budget_bytes, gate, cp
                 runner.changed.notify_all()
                 while runner.snapshot is None and runner.failure is None:
                     runner.changed.wait()
-            if runner.failure is not None:
+                snapshot = runner.snapshot
+            if snapshot is None:  # it failed before the decision took effect
                 send("error", runner.failure)
                 return
-            send("ok", runner.snapshot)
+            send("ok", snapshot)  # a failure after it: reported on the next request
