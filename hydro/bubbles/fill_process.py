@@ -16,7 +16,6 @@ pass tensors as shared-memory handles that die with the child).
 from __future__ import annotations
 
 import copy
-import logging
 import multiprocessing
 import os
 import pickle
@@ -37,9 +36,7 @@ from .fit import members_that_fit
 from .gate import BubbleGate, FillAborted
 from .layer_gate import LayerGate
 
-logger = logging.getLogger(__name__)
-
-_STEPS, _COMPUTE_S, _UNIT_STARTED, _EPOCH = range(4)
+_STEPS, _COMPUTE_S, _UNIT_STARTED = range(3)
 START_TIMEOUT_S = 300.0  # loading the data, measuring what fits and fusing
 ANSWER_TIMEOUT_S = 30.0
 UNIT_TIMEOUT_S = 120.0
@@ -83,7 +80,7 @@ class FillProcess:
                              "continue)")
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._progress = context.RawArray("d", 4)
+        self._progress = context.RawArray("d", 3)
         self._lock = threading.Lock()  # one request/answer on the pipe at a time
         self.gate, self.answer_timeout_s, self.unit_timeout_s = gate, answer_timeout_s, unit_timeout_s
         self.failure: str | None = None
@@ -240,7 +237,6 @@ class _Runner:
             self.pending = EpochResult(trial.epoch, list(trial.member_ids),
                                        {k: [float(v) for v in values] for k, values in metrics.items()})
             self.train_loss = None
-            self.progress[_EPOCH] = trial.epoch
         with self.changed:
             self.changed.notify_all()
             while self.keep is None and not self.stopping:

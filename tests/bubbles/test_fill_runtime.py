@@ -79,21 +79,30 @@ def _catch(fn, errors: list) -> None:
 
 
 class Bubbles:
-    """Opens bubbles (``length_s`` each, predicted generously) in a thread until stopped."""
+    """Opens bubbles (``length_s`` each, predicted generously) in a thread until stopped; ``pause()`` waits for
+    the open bubble to end and opens no more until ``resume()``."""
 
     def __init__(self, gate: BubbleGate, length_s: float = 0.004, predicted_s: float = 0.05) -> None:
         self.gate, self.stop = gate, threading.Event()
         self.count = 0
+        self.lock = threading.Lock()  # held while a bubble is open, and while paused
         self.thread = threading.Thread(target=self._run, args=(length_s, predicted_s), daemon=True)
         self.thread.start()
 
     def _run(self, length_s: float, predicted_s: float) -> None:
         while not self.stop.is_set():
-            self.gate.bubble_started(0, predicted_s, 0)
-            time.sleep(length_s)
-            self.gate.bubble_ended(0)
+            with self.lock:
+                self.gate.bubble_started(0, predicted_s, 0)
+                time.sleep(length_s)
+                self.gate.bubble_ended(0)
             time.sleep(0.001)
             self.count += 1
+
+    def pause(self) -> None:
+        self.lock.acquire()
+
+    def resume(self) -> None:
+        self.lock.release()
 
     def end(self) -> None:
         self.stop.set()
@@ -166,19 +175,27 @@ def _alone_epoch_metrics(tune_spec, trial_plan, epochs: int) -> list[dict]:
 @pytest.mark.parametrize("fault, cause", [("raise", "ZeroDivisionError: fault injected"), ("kill", "SIGKILL"),
                                           ("hang", "has run for more than 2 s: the fill trial hangs")])
 def test_a_failing_fill_process_is_contained_and_reported_with_its_cause(fault, cause):
-    gate = BubbleGate(always_open=True)
-    fill = FillProcess(gate, None, workload=workload(spec(fault=fault, at=15)), plan=plan(), member_ids=MEMBER_IDS,
-                       idle=False, unit_timeout_s=2)
-    (_, state), = _decide_all(fill, 1)  # the first epoch (10 loss calls + evaluation) is fine
-    assert same_members(state, train_alone(spec(), plan(), 1))  # the last state to move on from
-    deadline = time.monotonic() + 60
-    with pytest.raises(FillFailed, match=cause):
-        while time.monotonic() < deadline:
-            fill.poll()
-            time.sleep(0.05)
-    assert not fill._process.is_alive()
-    with pytest.raises(FillFailed, match=cause):  # every later request says the same, at once
-        fill.stop()
+    gate = BubbleGate()
+    bubbles = Bubbles(gate)
+    try:
+        fill = FillProcess(gate, None, workload=workload(spec(fault=fault, at=15)), plan=plan(),
+                           member_ids=MEMBER_IDS, idle=False, unit_timeout_s=2)
+        while fill.poll()["result"] is None:  # the first epoch (10 loss calls + evaluation) is fine
+            time.sleep(0.01)
+        bubbles.pause()  # the fault (in epoch 2) waits for bubbles: the decision's answer arrives first
+        state = fill.decide(MEMBER_IDS)
+        bubbles.resume()
+        assert same_members(state, train_alone(spec(), plan(), 1))  # the last state to move on from
+        deadline = time.monotonic() + 60
+        with pytest.raises(FillFailed, match=cause):
+            while time.monotonic() < deadline:
+                fill.poll()
+                time.sleep(0.05)
+        assert not fill._process.is_alive()
+        with pytest.raises(FillFailed, match=cause):  # every later request says the same, at once
+            fill.stop()
+    finally:
+        bubbles.end()
     gate.bubble_started(0, 1.0, 0)  # the stage's side of the gate still works (never blocks)
     gate.bubble_ended(0)
 
