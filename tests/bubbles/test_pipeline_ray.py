@@ -76,6 +76,8 @@ def test_a_fill_that_raises_crashes_or_hangs_never_harms_the_main_job(job):
     losses = []
     for fault, cause in [("raise", "ZeroDivisionError: fault injected"), ("kill", "SIGKILL"),
                          ("hang", "the fill trial hangs")]:
+        # Loss call 20 of the fill process: the memory fit measures F = 1, 2, 3 (3 calls each), then epoch 1's 10
+        # training steps; call 20 is epoch 1's evaluation, before any decision is asked for.
         job.attach_fill(1, spec(fault=fault, at=20), plan(), SlotMode.GATED)
         reports, status = _run_until(job, 1, lambda status: status is None or "failed" in status)
         assert status is not None and cause in status["failed"], (cause, status)
