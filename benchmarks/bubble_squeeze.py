@@ -1,13 +1,17 @@
-"""Fill the bubbles of a 2-stage 1F1B pipeline job (one stage per CPU core) with fused tuning trials.
+"""Fill the bubbles of a 2-stage 1F1B pipeline job (one stage per CPU core) with Hydro's own fused trials.
 
-The same main job in three modes: alone; with a gated fill trial in every stage (runs only inside
+The fill trials are what a ``HydroSearcher`` starts: µP surrogates (width ÷ ``--scale``) of a user ``TuneSpec``
+(``hydro.tune.examples.digits_mlp``: an MLP on scikit-learn's digits, plain torch SGD), ``--members`` fused per
+stage; between chunks of iterations the benchmark plays the Tune proxy and lets every member go on after each
+epoch. The same main job in three modes: alone; with a gated fill trial in every stage (runs only inside
 bubbles, layer by layer); with naive co-location (fill trials simply run alongside). The modes are
 interleaved in rounds (alone, gated, naive, alone, ...) so drifts of a shared machine hit all of them alike;
 the slowdown is the median over rounds of (mode / alone of the same round). Reported: main-job iteration
 time and slowdown, fill throughput (member-steps/s), and the fraction of bubble time turned into fill work
 (fill CPU seconds / bubble seconds). Writes JSON and a PNG timeline of one iteration.
 
-    python benchmarks/bubble_squeeze.py [--rounds 10] [--iterations 30] [--members 4] [--out benchmarks/results]
+    python benchmarks/bubble_squeeze.py [--rounds 10] [--iterations 30] [--members 4] [--scale 4]
+                                        [--out benchmarks/results]
 """
 from __future__ import annotations
 
@@ -19,28 +23,59 @@ from pathlib import Path
 
 import ray
 
-from hydro.bubbles import FillSpec, PipelineSpec
+from hydro.bubbles import PipelineSpec, SlotMode
+from hydro.trial.plan import TrialKind, TrialPlan
+from hydro.trial.spec import TuneSpec
+from hydro.tune.examples import digits_mlp
 from hydro.tune.pipeline_job import PipelineJob
+
+CHUNK = 5  # iterations between the proxy's looks at the fill trials (epoch results to decide)
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_mode(job: PipelineJob, mode: str | None, fill: FillSpec, iterations: int) -> dict:
+def run_mode(job: PipelineJob, mode: SlotMode | None, spec: TuneSpec, plan: TrialPlan, iterations: int) -> dict:
     if mode is not None:
         for stage in range(job.num_stages):
-            job.attach_fill(stage, fill, mode=mode)
+            job.attach_fill(stage, spec, plan, mode)
     job.run(2)  # settle
-    reports = job.run(iterations)
+    chunks = []
+    for done in range(0, iterations, CHUNK):
+        chunks.append(job.run(min(CHUNK, iterations - done), fill_activity=done + CHUNK >= iterations))
+        if mode is not None:
+            _let_members_go_on(job)
     if mode is not None:
         for stage in range(job.num_stages):
             job.detach_fill(stage)
+    reports = [_merge([chunk[stage] for chunk in chunks]) for stage in range(job.num_stages)]
     wall = max(r["wall_s"] for r in reports)
     bubble_s = sum(b["length"] for r in reports for b in r["bubbles"])
     fill_cpu = sum(r.get("fill_compute_s", 0.0) for r in reports)
     member_steps = sum(r.get("fill_steps", 0) * r.get("fill_members", 0) for r in reports)
-    return {"mode": mode or "alone", "iteration_s": wall / iterations, "bubble_s_per_iteration": bubble_s / iterations,
-            "bubble_fraction": bubble_s / (wall * job.num_stages), "fill_member_steps_per_s": member_steps / wall,
-            "bubble_use": fill_cpu / bubble_s if bubble_s else 0.0, "reports": reports}
+    return {"mode": mode.value if mode else "alone", "iteration_s": wall / iterations,
+            "bubble_s_per_iteration": bubble_s / iterations, "bubble_fraction": bubble_s / (wall * job.num_stages),
+            "fill_member_steps_per_s": member_steps / wall, "bubble_use": fill_cpu / bubble_s if bubble_s else 0.0,
+            "reports": [chunks[-1][stage] for stage in range(job.num_stages)]}
+
+
+def _let_members_go_on(job: PipelineJob) -> None:
+    """The Tune proxy's part: every fill trial's posted epoch result is decided (all members go on)."""
+    for stage in range(job.num_stages):
+        status = job.fill_status(stage)
+        if status is not None and "failed" in status:
+            raise RuntimeError(f"the fill trial of stage {stage} failed: {status['failed']}")
+        if status is not None and status["result"] is not None:
+            ray.get(job.stages[stage].fill_decide.remote(status["result"].member_ids))
+
+
+def _merge(reports: list[dict]) -> dict:
+    """One stage's chunk reports as one (times summed, bubbles concatenated)."""
+    merged = {"stage": reports[0]["stage"], "wall_s": sum(r["wall_s"] for r in reports),
+              "bubbles": [b for r in reports for b in r["bubbles"]], "ops": reports[-1]["ops"]}
+    for key in ("fill_steps", "fill_compute_s"):
+        merged[key] = sum(r.get(key, 0) for r in reports)
+    merged["fill_members"] = max((r.get("fill_members", 0) for r in reports), default=0)
+    return merged
 
 
 def plot_timeline(result: dict, path: Path) -> None:
@@ -95,26 +130,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=30, help="iterations per mode and round")
-    parser.add_argument("--members", type=int, default=4)
+    parser.add_argument("--members", type=int, default=4, help="fused members per fill trial (one per stage)")
+    parser.add_argument("--scale", type=int, default=4, help="surrogate width divisor of the fill trials")
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     spec = PipelineSpec(width=args.width, depth=8, microbatches=4, microbatch_size=32)
-    fill = FillSpec(configs=[{"lr": 0.1 / (i + 1), "momentum": 0.9} for i in range(args.members)],
-                    model_kwargs={"sizes": (64, 128, 128, 10)})
+    tune_spec, _ = digits_mlp(epochs=10_000)
+    plan = TrialPlan(TrialKind.SURROGATE, [(f"m{i}", {"lr": 0.1 / (i + 1), "momentum": 0.9, "weight_decay": 0.0})
+                                           for i in range(args.members)], scale=args.scale, mup=args.scale > 1)
     job = PipelineJob(spec, num_stages=2)
     job.profile(3)
-    modes = (None, "gated", "naive")
-    blocks: dict[str | None, list[dict]] = {mode: [] for mode in modes}
+    modes = (None, SlotMode.GATED, SlotMode.NAIVE)
+    blocks: dict[SlotMode | None, list[dict]] = {mode: [] for mode in modes}
     for _ in range(args.rounds):
         for mode in modes:
-            blocks[mode].append(run_mode(job, mode, fill, args.iterations))
+            blocks[mode].append(run_mode(job, mode, tune_spec, plan, args.iterations))
     job.shutdown()
     results = [summarize(blocks[mode], blocks[None]) for mode in modes]
     print(f"main job: MLP width {args.width} x 8 layers, 2 stages (1 CPU core each), 4 microbatches of 32; "
-          f"fill: {args.members} fused MLP 64-128-128-10 members per stage; {args.rounds} rounds x "
+          f"fill: {args.members} fused digits-MLP surrogates (64-512-512-10 / {args.scale}) per stage; {args.rounds} rounds x "
           f"{args.iterations} iterations per mode")
     print(f"{'mode':<7} {'iter ms':>8} {'slowdown (q1..q3)':>22} {'bubble %':>9} {'fill member-steps/s':>20} "
           f"{'bubble use':>11}")
@@ -123,7 +160,7 @@ def main() -> None:
         print(f"{r['mode']:<7} {1e3 * r['iteration_s']:>8.2f} {spread:>22} {r['bubble_fraction']:>9.1%} "
               f"{r['fill_member_steps_per_s']:>20.1f} {r['bubble_use']:>11.1%}")
     args.out.mkdir(parents=True, exist_ok=True)
-    plot_timeline(blocks["gated"][-1], args.out / "bubble_timeline.png")
+    plot_timeline(blocks[SlotMode.GATED][-1], args.out / "bubble_timeline.png")
     (args.out / "bubble_squeeze.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                               "results": results}, indent=2))
     print(f"wrote {args.out / 'bubble_squeeze.json'} and {args.out / 'bubble_timeline.png'}")

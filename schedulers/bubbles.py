@@ -29,7 +29,8 @@ class Slot:
 class TrialNeeds:
     trial_id: str
     memory_bytes: int
-    rung: int = 0  # multi-fidelity rung reached (0: just started)
+    rung: float = 0  # multi-fidelity rung reached (0: just started)
+    dedicated_only: bool = False  # e.g. a full-size target: never in a bubble
 
 
 class TrialTooLarge(MemoryError):
@@ -39,7 +40,7 @@ class TrialTooLarge(MemoryError):
 class BubblePlacement:
     """Assigns trials to slots; ``place`` for new or moved trials, ``promote`` as trials advance."""
 
-    def __init__(self, promote_rung: int = 1) -> None:
+    def __init__(self, promote_rung: float = 1) -> None:
         self.promote_rung = promote_rung
         self.slots: dict[str, Slot] = {}
 
@@ -69,7 +70,7 @@ class BubblePlacement:
             largest = max((s.free_bytes for s in self.slots.values()), default=0)
             raise TrialTooLarge(f"trial {needs.trial_id} needs {needs.memory_bytes / 2**20:.1f} MiB; the largest "
                                 f"slot can spare {largest / 2**20:.1f} MiB (shrink the model or fuse fewer members)")
-        free = [s for s in fitting if s.trial is None]
+        free = [s for s in fitting if s.trial is None and (s.dedicated or not needs.dedicated_only)]
         late = needs.rung >= self.promote_rung
         # Late trials: dedicated first; early trials: the most idle bubble first, then dedicated.
         free.sort(key=lambda s: (not s.dedicated, -s.idle_fraction) if late else (s.dedicated, -s.idle_fraction))

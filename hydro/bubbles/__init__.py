@@ -1,9 +1,12 @@
-"""Bubble Squeezer: fused tuning trials run inside the pipeline bubbles of long-running jobs."""
-from .fill import FillSpec, FillTooLarge, FillTrial
-from .gate import BubbleGate, FillAborted
+"""Bubble Squeezer: Hydro's fused trials run inside the pipeline bubbles of long-running jobs."""
+from .fill_process import EpochResult, FillFailed, FillProcess, FillTooLarge
+from .gate import BubbleGate, FillAborted, UnitNeverFits
 from .hooks import Bubble, BubbleListener, BubbleRecorder
+from .host import DedicatedHost, FillHost, SlotMode
+from .layer_gate import LayerGate
 from .schedule import one_f_one_b, simulate
 from .stage import PipelineSpec, PipelineStage
 
-__all__ = ["Bubble", "BubbleGate", "BubbleListener", "BubbleRecorder", "FillAborted", "FillSpec", "FillTooLarge",
-           "FillTrial", "PipelineSpec", "PipelineStage", "one_f_one_b", "simulate"]
+__all__ = ["Bubble", "BubbleGate", "BubbleListener", "BubbleRecorder", "DedicatedHost", "EpochResult", "FillAborted",
+           "FillFailed", "FillHost", "FillProcess", "FillTooLarge", "LayerGate", "PipelineSpec", "PipelineStage",
+           "SlotMode", "UnitNeverFits", "one_f_one_b", "simulate"]

@@ -2,61 +2,99 @@
 
 A process of its own rather than a thread of the stage: a thread shares the stage's GIL, and a fill thread
 preempted while holding it delays the stage each time a wait ends (measured: +9% main-job iteration time
-in ``benchmarks/bubble_squeeze.py`` with a ``SCHED_IDLE`` thread). The child trains a
-:class:`~hydro.bubbles.fill.FillTrial` gated by the stage's shared :class:`~hydro.bubbles.gate.BubbleGate`;
-progress counters are in shared memory (read without waking the child); status and checkpoints travel
-over a pipe on request, answered by a control thread in the child, as plain pickles (torch's multiprocessing
-pickler would pass tensors as shared-memory handles that die with the child).
+in ``benchmarks/bubble_squeeze.py`` with a ``SCHED_IDLE`` thread). It is also what makes the fill untrusted
+but harmless: whatever the user's code does in it (raises, is SIGKILLed, hangs), the stage only ever writes
+to the shared :class:`~hydro.bubbles.gate.BubbleGate`, and every request to the child has a deadline.
+
+The child trains a :class:`~hydro.trial.unit.FusedTrial` (the user's ``TuneSpec``, the trial's plan) with a
+:class:`~hydro.bubbles.layer_gate.LayerGate` epoch by epoch; after each epoch it posts the members' metrics
+and waits for the caller's decision (the members that go on), then keeps a snapshot of its state. Progress
+counters are in shared memory (read without waking the child); results and states travel over a pipe on
+request, answered by a control thread in the child, as plain pickles (torch's multiprocessing pickler would
+pass tensors as shared-memory handles that die with the child).
 """
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
+import time
 import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from .fill import FillSpec, FillTooLarge, FillTrial, fit_to_memory
-from .gate import BubbleGate
+from hydro.trial.plan import TrialPlan
+from hydro.trial.spec import TRAIN_LOSS
+from hydro.trial.unit import FusedTrial
 
-_STEPS, _COMPUTE_S = range(2)
+from .fit import members_that_fit
+from .gate import BubbleGate, FillAborted
+from .layer_gate import LayerGate
+
+_STEPS, _COMPUTE_S, _UNIT_STARTED = range(3)
+START_TIMEOUT_S = 300.0  # loading the data, measuring what fits and fusing
+ANSWER_TIMEOUT_S = 30.0
+UNIT_TIMEOUT_S = 120.0
 
 
-class FillProcessError(RuntimeError):
-    """The fill trial failed in its process; the message carries the child's traceback."""
+class FillTooLarge(MemoryError):
+    """Not even one member of the fill trial fits the memory its host can spare; the message gives the numbers."""
+
+
+class FillFailed(RuntimeError):
+    """The fill trial's process failed: an exception (the message carries the child's traceback), a crash (the
+    signal or exit code) or a hang (no answer, or one unit running too long). The process is gone."""
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """The members' metrics after ``epoch`` (1-based): name -> values in ``member_ids`` order."""
+
+    epoch: int
+    member_ids: list[str]
+    metrics: dict[str, list[float]]
 
 
 class FillProcess:
-    """Runs ``steps`` steps of a fill trial (new from ``spec``, or continued from ``checkpoint``).
+    """Runs a fused trial of ``plan``'s members in a child process until ``epochs`` (default: the spec's).
 
-    ``idle=True`` (gated fill): the child runs under Linux's ``SCHED_IDLE`` policy, so the stage preempts it
-    the moment its wait ends; ``idle=False`` (naive co-location): normal priority. ``snapshot_every``: the
-    child keeps a copy of its state every so many steps, for :meth:`status` (0: never).
-    ``memory_budget_bytes``: a new trial keeps as many members as fit (:func:`~hydro.bubbles.fill.fit_to_memory`,
-    :class:`~hydro.bubbles.fill.FillTooLarge` if none does).
+    ``workload``: the pickled ``TuneSpec`` (a cloudpickle, so the child needs no import of the user's file).
+    ``state``: a state from :meth:`decide` or :meth:`stop` to continue from (else new ``member_ids``, as many
+    of them as fit ``memory_budget_bytes``: :attr:`member_ids` says which). ``idle=True`` (gated fill): the
+    child runs under Linux's ``SCHED_IDLE``, so the stage preempts it the moment its wait ends.
+    A unit running longer than ``unit_timeout_s``, or a request unanswered within ``answer_timeout_s``, is a
+    hang: the child is killed and :class:`FillFailed` raised, as for an exception or a crash.
     """
 
-    def __init__(self, gate: BubbleGate, cpus: set[int] | None, *, spec: FillSpec | None = None,
-                 checkpoint: dict | None = None, steps: int = 1_000_000, idle: bool = True,
-                 snapshot_every: int = 0, memory_budget_bytes: int | None = None) -> None:
-        if (spec is None) == (checkpoint is None):
-            raise ValueError("give exactly one of spec (a new fill trial) or checkpoint (a trial to continue)")
+    def __init__(self, gate: BubbleGate, cpus: set[int] | None, *, workload: bytes, plan: TrialPlan,
+                 member_ids: Sequence[str] | None = None, state: dict | None = None, idle: bool = True,
+                 memory_budget_bytes: int | None = None, epochs: int | None = None,
+                 answer_timeout_s: float = ANSWER_TIMEOUT_S, unit_timeout_s: float = UNIT_TIMEOUT_S) -> None:
+        if (member_ids is None) == (state is None):
+            raise ValueError("FillProcess: give exactly one of member_ids (a new fill trial) or state (one to "
+                             "continue)")
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._progress = context.RawArray("d", 2)
+        self._progress = context.RawArray("d", 3)
         self._lock = threading.Lock()  # one request/answer on the pipe at a time
-        self.gate = gate
+        self.gate, self.answer_timeout_s, self.unit_timeout_s = gate, answer_timeout_s, unit_timeout_s
+        self.failure: str | None = None
         self._process = context.Process(
             target=_child_main, name="hydro-fill", daemon=True,
-            args=(spec, pickle.dumps(checkpoint), memory_budget_bytes, gate, cpus, idle, steps, snapshot_every,
-                  child_conn, self._progress))
+            args=(workload, plan, None if member_ids is None else list(member_ids), pickle.dumps(state),
+                  memory_budget_bytes, gate, cpus, idle, epochs, child_conn, self._progress))
         self._process.start()
-        self.num_members: int = self._answer()
+        with self._lock:
+            self.member_ids: list[str] = self._answer(START_TIMEOUT_S)
 
     @property
     def completed_steps(self) -> int:
+        """Training steps done in this process."""
         return int(self._progress[_STEPS])
 
     @property
@@ -64,98 +102,223 @@ class FillProcess:
         """CPU seconds the trial has spent computing (inside bubbles when gated)."""
         return self._progress[_COMPUTE_S]
 
-    def status(self, since: int = 0) -> dict:
-        """Completed steps, member ids and per-member losses of the last step; ``snapshot``: the latest
-        snapshot (a checkpoint) if taken after ``since`` steps, else ``None``; ``snapshot_losses``:
-        ``(completed steps, per-member losses)`` of every snapshot after ``since`` steps."""
-        return self._request("status", since)
+    def check(self) -> None:
+        """Raise :class:`FillFailed` if the child has died or hangs in a unit (without asking it)."""
+        if self.failure is not None:
+            raise FillFailed(self.failure)
+        if not self._process.is_alive():
+            self._fail(self._exit_cause())
+        started = self._progress[_UNIT_STARTED]
+        if started and time.monotonic() - started > self.unit_timeout_s:
+            self._fail(f"one unit of work (a layer, the loss or an optimizer step) has run for more than "
+                       f"{self.unit_timeout_s:.0f} s: the fill trial hangs")
+
+    def poll(self) -> dict:
+        """``{"result": EpochResult | None (awaiting a decision), "finished": bool}``."""
+        return self._request("poll")
+
+    def decide(self, keep: Sequence[str]) -> dict:
+        """The members of the posted epoch result that go on (none: the trial ends); returns the trial's state
+        after dropping the others (to continue from, anywhere)."""
+        return self._request("decide", list(keep))
 
     def activity(self) -> list[tuple[float, float]]:
         """Wall-clock ``(start, end)`` of the trial's recent units of work (layers, loss, optimizer step)."""
         return self._request("activity")
 
     def stop(self) -> dict:
-        """Stop at the next layer boundary (the step in flight is dropped); returns the trial's checkpoint,
-        with ``snapshot_losses`` as in :meth:`status`."""
+        """Stop at the next layer boundary (the step in flight is dropped); returns the state to continue from
+        (completed steps, and an epoch result still awaiting its decision)."""
         self.gate.abort()
-        checkpoint = self._request("stop")
+        state = self._request("stop")
+        self._process.join(timeout=self.answer_timeout_s)
+        return state
+
+    def kill(self) -> None:
+        """End the child now (it is untrusted: no clean-up is waited for)."""
+        if self._process.is_alive():
+            os.kill(self._process.pid, signal.SIGKILL)
         self._process.join()
-        return checkpoint
 
-    def _request(self, command: str, argument: int = 0):
+    def _request(self, command: str, argument=None):
         with self._lock:
-            self._conn.send((command, argument))
-            return self._answer()
+            self.check()
+            try:
+                self._conn.send((command, argument))
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                self._fail(self._exit_cause())
+            return self._answer(self.answer_timeout_s)
 
-    def _answer(self):
-        kind, payload = pickle.loads(self._conn.recv_bytes())
+    def _answer(self, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while not self._conn.poll(0.05):
+            if not self._process.is_alive() and not self._conn.poll(0):
+                self._fail(self._exit_cause())
+            if time.monotonic() > deadline:
+                self._fail(f"the fill trial's process did not answer within {timeout_s:.0f} s: it hangs")
+        try:
+            kind, payload = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            self._fail(self._exit_cause())
         if kind == "too_large":
             self._process.join()
             raise FillTooLarge(payload)
         if kind == "error":
-            self._process.join()
-            raise FillProcessError(f"fill trial failed in its process:\n{payload}")
+            self._fail(f"the fill trial raised in its process:\n{payload}")
         return payload
 
+    def _exit_cause(self) -> str:
+        self._process.join(timeout=5)
+        code = self._process.exitcode
+        if code is not None and code < 0:
+            return f"the fill trial's process was killed by {signal.Signals(-code).name} (e.g. the OOM killer)"
+        return f"the fill trial's process exited unexpectedly (exit code {code})"
 
-def _child_main(spec, checkpoint, memory_budget_bytes, gate, cpus, idle, steps, snapshot_every, conn, progress
+    def _fail(self, cause: str):
+        """Record ``cause``, kill the child, raise :class:`FillFailed`."""
+        self.failure = cause
+        self.kill()
+        raise FillFailed(cause)
+
+
+class _Runner:
+    """The child's training thread: epochs of the trial, each ending in a posted result and a decision."""
+
+    def __init__(self, trial: FusedTrial, gate: LayerGate, state: dict | None, epochs: int, progress) -> None:
+        self.trial, self.gate, self.epochs, self.progress = trial, gate, epochs, progress
+        self.pending: EpochResult | None = state["pending"] if state else None
+        self.train_loss: torch.Tensor | None = state["train_loss"] if state else None  # epoch awaiting evaluation
+        self.keep: list[str] | None = None
+        self.snapshot: dict | None = None
+        self.finished, self.stopping = False, False
+        self.failure: str | None = None
+        self.changed = threading.Condition()
+        self._rng = torch.get_rng_state()  # at the start of the step in flight (an aborted step consumed some)
+
+    def state(self) -> dict:
+        """A copy (the trial trains on while the copy is sent) of everything to continue from."""
+        state = self.trial.state_dict()
+        state["torch_rng"] = self._rng
+        return copy.deepcopy({"trial": state, "pending": self.pending, "train_loss": self.train_loss})
+
+    def run(self) -> None:
+        try:
+            while self._epoch():
+                pass
+        except FillAborted:
+            return
+        except RuntimeError as error:  # an abort raised inside a backward hook arrives wrapped
+            if not isinstance(error.__cause__, FillAborted) and "FillAborted" not in str(error):
+                self.failure = traceback.format_exc()
+        except BaseException:  # noqa: BLE001 - reported on the next request
+            self.failure = traceback.format_exc()
+        finally:
+            with self.changed:
+                self.changed.notify_all()
+
+    def _epoch(self) -> bool:
+        """Train, evaluate and post one epoch, wait for its decision; ``False`` when the trial is done."""
+        trial = self.trial
+        if self.pending is None:
+            if self.train_loss is None:
+                if trial.epoch >= self.epochs:
+                    self.finished = True
+                    return False
+                while trial.step < trial.steps_per_epoch:
+                    self._rng = torch.get_rng_state()
+                    trial.train_step()
+                    self.progress[_STEPS] += 1
+                    self.progress[_COMPUTE_S] = self.gate.compute_s
+                self._rng = torch.get_rng_state()
+                self.train_loss = trial.train_epoch()  # the epoch's mean (its steps are done)
+            metrics = {TRAIN_LOSS: self.train_loss, **trial.evaluate()}
+            self.gate.step_done()
+            self._rng = torch.get_rng_state()
+            self.pending = EpochResult(trial.epoch, list(trial.member_ids),
+                                       {k: [float(v) for v in values] for k, values in metrics.items()})
+            self.train_loss = None
+        with self.changed:
+            self.changed.notify_all()
+            while self.keep is None and not self.stopping:
+                self.changed.wait()
+            if self.keep is None:
+                raise FillAborted
+            keep, self.keep = set(self.keep), None
+        positions = [i for i, m in enumerate(trial.member_ids) if m in keep]
+        if positions and len(positions) < len(trial.member_ids):  # none: the trial ends with every member's state
+            trial.keep(positions)
+        self.pending = None
+        done = not positions or trial.epoch >= self.epochs
+        with self.changed:
+            self.snapshot, self.finished = self.state(), done
+            self.changed.notify_all()
+        return not done
+
+
+def _child_main(workload, plan, member_ids, state, memory_budget_bytes, gate, cpus, idle, epochs, conn, progress
                 ) -> None:
     def send(kind: str, payload) -> None:
         conn.send_bytes(pickle.dumps((kind, payload)))
 
     try:
-        checkpoint = pickle.loads(checkpoint)
+        spec, state = pickle.loads(workload), pickle.loads(state)
         if idle:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # threads started below inherit it
         if cpus:
             os.sched_setaffinity(0, cpus)
         torch.set_num_threads(1)
-        if checkpoint is None and memory_budget_bytes is not None:
-            spec = fit_to_memory(spec, memory_budget_bytes)
-        trial = FillTrial(spec, gate) if checkpoint is None else FillTrial.from_checkpoint(checkpoint, gate)
-    except FillTooLarge as error:
-        send("too_large", str(error))
-        return
+        data = spec.load_data()
+        configs = dict(plan.members)
+        ids = list(state["trial"]["member_ids"]) if state else list(member_ids)
+        if state is None and memory_budget_bytes is not None:
+            fit = members_that_fit(spec, configs[ids[0]], plan.scale, plan.mup, data, len(ids), memory_budget_bytes)
+            if fit == 0:
+                send("too_large", f"fill trial refused: one member's training step needs more than the "
+                                  f"{memory_budget_bytes / 2**20:.1f} MiB its host can spare")
+                return
+            ids = ids[:fit]
+        gate = LayerGate(gate, on_unit=lambda when: progress.__setitem__(_UNIT_STARTED, when))
+        trial = FusedTrial(spec, plan, data, member_ids=ids, gates=[gate])
+        if state:
+            trial.load_state_dict(state["trial"])
+        runner = _Runner(trial, gate, state, epochs or spec.epochs, progress)
     except BaseException:  # noqa: BLE001 - reported to the host, which raises it
         send("error", traceback.format_exc())
         return
-    snapshot: list[dict | None] = [None]
-    snapshot_losses: list[tuple[int, list[float]]] = []
-    failure: list[str] = []
-
-    def train() -> None:
-        try:
-            for _ in range(steps):
-                if not trial.train(1):
-                    return
-                progress[_STEPS], progress[_COMPUTE_S] = trial.completed_steps, trial.compute_s
-                if snapshot_every and trial.completed_steps % snapshot_every == 0:
-                    snapshot[0] = trial.checkpoint()
-                    snapshot_losses.append((trial.completed_steps, trial.last_losses))
-        except BaseException:  # noqa: BLE001 - reported on the next request
-            failure.append(traceback.format_exc())
-
-    trainer = threading.Thread(target=train, name="hydro-fill-train")
+    trainer = threading.Thread(target=runner.run, name="hydro-fill-train", daemon=True)
     trainer.start()
-    send("ok", trial.num_members)
+    send("ok", ids)
     while True:
         try:
             command, argument = conn.recv()
         except EOFError:  # the host process died: nothing can use this trial any more
             os._exit(0)
         if command == "stop":
+            with runner.changed:
+                runner.stopping = True
+                runner.changed.notify_all()
             trainer.join()
-        if failure:
-            send("error", failure[0])
+        if runner.failure is not None:
+            send("error", runner.failure)
             return
         if command == "stop":
-            send("ok", {**trial.checkpoint(), "snapshot_losses": snapshot_losses})
+            send("ok", runner.state())
             return
         if command == "activity":
-            send("ok", list(trial.activity))
-            continue
-        latest = snapshot[0]
-        send("ok", {"completed_steps": trial.completed_steps, "member_ids": trial.model.member_ids,
-                    "losses": trial.last_losses,
-                    "snapshot": latest if latest is not None and latest["completed_steps"] > argument else None,
-                    "snapshot_losses": [point for point in snapshot_losses if point[0] > argument]})
+            send("ok", list(gate.activity))
+        elif command == "poll":
+            send("ok", {"result": runner.pending if runner.keep is None else None, "finished": runner.finished})
+        elif command == "decide":
+            with runner.changed:
+                if runner.pending is None:
+                    send("error", "decide() without an epoch result awaiting its decision")
+                    return
+                runner.snapshot, runner.keep = None, list(argument)
+                runner.changed.notify_all()
+                while runner.snapshot is None and runner.failure is None:
+                    runner.changed.wait()
+                snapshot = runner.snapshot
+            if snapshot is None:  # it failed before the decision took effect
+                send("error", runner.failure)
+                return
+            send("ok", snapshot)  # a failure after it: reported on the next request

@@ -3,67 +3,134 @@
 A host runs at most one fill trial at a time, in a :class:`~hydro.bubbles.fill_process.FillProcess` on the
 host's cores, sized to the memory the host can spare. Nothing of the fill trial runs in the host's own
 process: torch.fx tracing (fusing) patches ``nn.Module.__call__`` process-wide and would break the modules
-a stage runs meanwhile. :class:`~hydro.tune.pipeline_job.StageHost` gates it by the stage's bubbles;
-:class:`DedicatedHost` (a worker of its own) lets it run freely.
+a stage runs meanwhile, and the user's code may raise, crash or hang. A fill that fails is detached at once
+(the slot can host a new one) and its cause is kept for the next :meth:`FillHost.fill_status`.
+:class:`~hydro.tune.pipeline_job.StageHost` gates it by the stage's bubbles; :class:`DedicatedHost` (a worker
+of its own) lets it run freely.
 """
 from __future__ import annotations
 
+import enum
+import logging
 import os
 import threading
+from collections.abc import Sequence
 
 from hydro.planning import free_memory_bytes
+from hydro.trial.plan import TrialPlan
 
-from .fill import FillSpec, FillTooLarge
-from .fill_process import FillProcess
+from .fill_process import FillFailed, FillProcess, FillTooLarge
 from .gate import BubbleGate
+
+logger = logging.getLogger(__name__)
+
+
+class SlotMode(enum.StrEnum):
+    """How a host runs its fill trial."""
+
+    GATED = "gated"          # inside a stage's bubbles only, layer by layer, under SCHED_IDLE
+    NAIVE = "naive"          # alongside the stage at normal priority (for contrast)
+    DEDICATED = "dedicated"  # on a worker of its own, ungated
 
 
 class FillHost:
     """Attach, observe and detach one fill trial. ``fill_memory_bytes``: what a fill trial may use (default:
-    a quarter of the free memory); ``name`` appears in errors."""
+    a quarter of the free memory); ``name`` appears in errors. ``timeouts``: ``answer_timeout_s`` and
+    ``unit_timeout_s`` of the fill processes (see :class:`~hydro.bubbles.fill_process.FillProcess`)."""
 
-    modes: tuple[str, ...] = ()
+    modes: tuple[SlotMode, ...] = ()
 
-    def __init__(self, name: str, cpus: set[int] | None, fill_memory_bytes: int | None) -> None:
+    def __init__(self, name: str, cpus: set[int] | None, fill_memory_bytes: int | None,
+                 timeouts: dict | None = None) -> None:
         self.name, self.cpus, self.fill_memory_bytes = name, cpus, fill_memory_bytes
+        self.timeouts = dict(timeouts or {})
         self.gate = BubbleGate()
         self.fill: FillProcess | None = None
+        self.failure: str | None = None  # cause of the last fill that failed, until fill_status reports it
         self.fill_lock = threading.Lock()  # actor calls run concurrently: attach/detach/status one at a time
 
-    def attach_fill(self, spec: FillSpec | None = None, mode: str = "gated", steps: int = 1_000_000,
-                    checkpoint: dict | None = None, snapshot_every: int = 0) -> int:
-        """Start a fill trial here, new from ``spec`` or continued from ``checkpoint``; returns its fusion
-        count, which follows the memory this host can spare (raises :class:`FillTooLarge` with the numbers
-        if one member does not fit). ``snapshot_every``: steps between the snapshots :meth:`fill_status`
-        returns."""
+    def attach_fill(self, workload: bytes, plan: TrialPlan, mode: SlotMode, *, member_ids: Sequence[str] | None = None,
+                    state: dict | None = None, epochs: int | None = None) -> list[str]:
+        """Start a fill trial here: new with (as many as fit of) ``member_ids``, or continued from ``state``;
+        returns the member ids it trains (the fusion count follows the memory this host can spare; raises
+        :class:`FillTooLarge` if not even one fits)."""
+        mode = SlotMode(mode)
         if mode not in self.modes:
-            raise ValueError(f"{self.name}: mode must be one of {self.modes}, got {mode!r}")
+            raise ValueError(f"{self.name}: mode must be one of {[m.value for m in self.modes]}, got {mode.value!r}")
         with self.fill_lock:
             if self.fill is not None:
                 raise RuntimeError(f"{self.name} already hosts a fill trial; detach_fill() it first")
-            gate = BubbleGate(always_open=mode != "gated")
+            gate = BubbleGate(always_open=mode != SlotMode.GATED)
+            self.failure = None
             try:
-                self.fill = FillProcess(gate, self.cpus, spec=None if checkpoint else spec, checkpoint=checkpoint,
-                                        steps=steps, idle=mode == "gated", snapshot_every=snapshot_every,
-                                        memory_budget_bytes=self.fill_budget())
+                self.fill = FillProcess(gate, self.cpus, workload=workload, plan=plan, member_ids=member_ids,
+                                        state=state, idle=mode == SlotMode.GATED, epochs=epochs,
+                                        memory_budget_bytes=None if state else self.fill_budget(), **self.timeouts)
             except FillTooLarge as error:
                 raise FillTooLarge(f"{self.name}: {error}") from None
+            except FillFailed as error:
+                raise FillFailed(f"{self.name}: {error}") from None
             self._set_gate(gate)
-            return self.fill.num_members
+            return self.fill.member_ids
 
-    def fill_status(self, since: int = 0) -> dict | None:
-        """The hosted fill trial's progress (see :meth:`FillProcess.status`), or ``None`` if there is none."""
+    def fill_status(self) -> dict | None:
+        """The hosted fill trial: ``{"result": EpochResult | None, "finished": bool}``; ``{"failed": cause}``
+        once after it failed (it is detached then); ``None`` if there is none."""
         with self.fill_lock:
-            return None if self.fill is None else self.fill.status(since)
+            if self.fill is None:
+                failure, self.failure = self.failure, None
+                return None if failure is None else {"failed": failure}
+            try:
+                return self.fill.poll()
+            except FillFailed as error:
+                self._drop(str(error))
+                return {"failed": self.failure}
+
+    def fill_decide(self, keep: Sequence[str]) -> dict:
+        """Decide the posted epoch result (see :meth:`FillProcess.decide`); ``{"state": ...}`` or
+        ``{"failed": cause}``."""
+        with self.fill_lock:
+            if self.fill is None:
+                raise RuntimeError(f"{self.name} hosts no fill trial to decide for")
+            try:
+                return {"state": self.fill.decide(keep)}
+            except FillFailed as error:
+                self._drop(str(error))
+                return {"failed": self.failure}
 
     def detach_fill(self) -> dict | None:
-        """Stop the fill trial at its next layer boundary; returns its checkpoint (completed steps only)."""
+        """Stop the fill trial at its next layer boundary; returns ``{"state": ...}`` (to continue from) or
+        ``{"failed": cause}``; ``None`` if there is none."""
         with self.fill_lock:
             if self.fill is None:
                 return None
-            checkpoint, self.fill = self.fill.stop(), None
+            try:
+                state = self.fill.stop()
+            except FillFailed as error:
+                self._drop(str(error))
+                failure, self.failure = self.failure, None
+                return {"failed": failure}
+            self.fill = None
             self._set_gate(BubbleGate())
-            return checkpoint
+            return {"state": state}
+
+    def check_fill(self) -> None:
+        """Detach the fill trial if it has died or hangs (the watchdog; call it often, it does not block)."""
+        if self.fill is None or not self.fill_lock.acquire(blocking=False):
+            return
+        try:
+            if self.fill is not None:
+                self.fill.check()
+        except FillFailed as error:
+            self._drop(str(error))
+        finally:
+            self.fill_lock.release()
+
+    def _drop(self, cause: str) -> None:
+        """The fill failed (its process is gone): free the slot, keep the cause (call with ``fill_lock`` held)."""
+        logger.warning("%s: fill trial failed and was detached: %s", self.name, cause)
+        self.fill, self.failure = None, cause
+        self._set_gate(BubbleGate())
 
     def _set_gate(self, gate: BubbleGate) -> None:
         self.gate = gate
@@ -74,9 +141,9 @@ class FillHost:
 
 
 class DedicatedHost(FillHost):
-    """A worker of its own for fill trials (mode ``"dedicated"``: they run at normal priority, ungated)."""
+    """A worker of its own for fill trials (mode ``DEDICATED``: they run at normal priority, ungated)."""
 
-    modes = ("dedicated",)
+    modes = (SlotMode.DEDICATED,)
 
-    def __init__(self, name: str, fill_memory_bytes: int | None = None) -> None:
-        super().__init__(name, set(os.sched_getaffinity(0)), fill_memory_bytes)
+    def __init__(self, name: str, fill_memory_bytes: int | None = None, timeouts: dict | None = None) -> None:
+        super().__init__(name, set(os.sched_getaffinity(0)), fill_memory_bytes, timeouts)

@@ -1,8 +1,10 @@
 """A reference 1F1B pipeline stage over ``torch.distributed`` point-to-point (gloo on CPU, NCCL on GPU).
 
 Why our own schedule: ``torch.distributed.pipelining``'s schedules run a whole iteration inside one call
-and wait for their peers internally, so a caller cannot see where a stage idles; here every wait for an
-activation or a gradient is bracketed by ``BubbleListener.bubble_started/ended``. The stage is a plain
+and wait for their peers internally, so a caller sees where a stage idles only through a private hook
+(:mod:`hydro.bubbles.pipelining`, single-stage schedules only); here every wait for an activation or a
+gradient is bracketed by ``BubbleListener.bubble_started/ended`` with a prediction from the simulated 1F1B
+timeline. The stage is a plain
 object over an initialised process group; :mod:`hydro.tune.pipeline_job` places stages in Ray actors.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ class BubbleScheduler(TrialScheduler):
     """``base`` decides (FIFO if ``None``); results it lets continue report ``result[time_attr]`` to the
     placement service (promotion), and trials it stops, or that fail, have their fill trials stopped."""
 
-    def __init__(self, base: TrialScheduler | None = None, time_attr: str = "completed_steps") -> None:
+    def __init__(self, base: TrialScheduler | None = None, time_attr: str = "epoch") -> None:
         super().__init__()
         self.base = base or FIFOScheduler()
         self.time_attr = time_attr

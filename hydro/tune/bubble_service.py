@@ -1,9 +1,9 @@
 """The placement service: a named Ray actor around :class:`~schedulers.bubbles.BubblePlacement`.
 
-Pipeline jobs register their stages (bubble slots), dedicated workers register as dedicated slots, and fill
-trials (see :mod:`hydro.tune.fill_trainable`) ask it where to run. It also keeps what a trial needs when its
-slot goes away: the checkpoint a pipeline job hands back when it ends, or the slot a late-stage trial was
-promoted to.
+Pipeline jobs register their stages (bubble slots), dedicated workers register as dedicated slots, and the
+units of fill trials (see :mod:`hydro.tune.fill_trainable`; a Tune trial has one unit per slot it needs, keyed
+``<trial id>#<i>``) ask it where to run. It also keeps what a unit needs when its slot goes away: the state a
+pipeline job hands back when it ends, or the slot a late-stage trial was promoted to.
 """
 from __future__ import annotations
 
@@ -11,14 +11,25 @@ from dataclasses import asdict
 
 import ray
 
+from hydro.bubbles.host import SlotMode
 from schedulers.bubbles import BubblePlacement, Slot, TrialNeeds
 
 SERVICE_NAME = "hydro-bubbles/placement"
 
 
+def unit_key(trial_id: str, index: int) -> str:
+    """The placement key of a Tune trial's ``index``-th fused unit."""
+    return f"{trial_id}#{index}"
+
+
+def trial_of(key: str) -> str:
+    return key.partition("#")[0]
+
+
 class PlacementService:
-    """Ray actor body. An assignment is ``{"slot", "host", "mode"}`` (``mode``: ``"gated"`` in a bubble,
-    ``"dedicated"`` on a worker of its own), or ``{"evicted": checkpoint}`` after the trial's job ended."""
+    """Ray actor body. An assignment is ``{"slot", "host", "mode"}`` (``mode``: a :class:`SlotMode`, ``GATED`` in a
+    bubble, ``DEDICATED`` on a worker of its own), or ``{"evicted": hand-back}`` after the unit's job ended (what
+    the stage's ``detach_fill`` returned, or ``None``)."""
 
     def __init__(self, promote_rung: float = float("inf")) -> None:
         self.policy = BubblePlacement(promote_rung)
@@ -34,9 +45,10 @@ class PlacementService:
     def add_dedicated(self, name: str, free_bytes: int, host: str) -> None:
         self.policy.add_slot(Slot(name, True, free_bytes, host=host))
 
-    def place(self, trial_id: str, memory_bytes: int, rung: float = 0) -> dict | None:
-        """A slot for the trial (raises ``TrialTooLarge`` with the numbers), or ``None`` while all are busy."""
-        self.needs[trial_id] = TrialNeeds(trial_id, memory_bytes, rung)
+    def place(self, trial_id: str, memory_bytes: int, rung: float = 0, dedicated_only: bool = False) -> dict | None:
+        """A slot for the unit ``trial_id`` (raises ``TrialTooLarge`` with the numbers), or ``None`` while all
+        are busy."""
+        self.needs[trial_id] = TrialNeeds(trial_id, memory_bytes, rung, dedicated_only)
         self.evicted.pop(trial_id, None)
         if trial_id in self.assigned:  # e.g. promoted while its job ended: it already has a slot
             return self.assignment(trial_id)
@@ -52,19 +64,22 @@ class PlacementService:
         slot = self.policy.slots.get(self.assigned.get(trial_id, ""))
         if slot is None:
             return None
-        return {"slot": slot.name, "host": slot.host, "mode": "dedicated" if slot.dedicated else "gated"}
+        return {"slot": slot.name, "host": slot.host, "mode": SlotMode.DEDICATED if slot.dedicated else SlotMode.GATED}
 
-    def promote(self, trial_id: str, rung: float) -> str | None:
-        """The trial reached ``rung``: move it to a free dedicated slot if it is late-stage (returns the slot)."""
-        needs = self.needs.get(trial_id)
-        if needs is None or trial_id not in self.assigned:
-            return None
-        needs.rung = rung
-        target = self.policy.promote(needs)
-        if target is None:
-            return None
-        self.assigned[trial_id] = target.name
-        return target.name
+    def promote(self, trial_id: str, rung: float) -> list[str]:
+        """The Tune trial reached ``rung``: move its units to free dedicated slots if it is late-stage (returns
+        those slots)."""
+        moved = []
+        for key in [k for k in self.needs if trial_of(k) == trial_id]:
+            needs = self.needs[key]
+            needs.rung = rung
+            if key not in self.assigned:
+                continue
+            target = self.policy.promote(needs)
+            if target is not None:
+                self.assigned[key] = target.name
+                moved.append(target.name)
+        return moved
 
     def left(self, slot_name: str) -> None:
         """A trial has detached from ``slot_name`` after being moved."""
@@ -76,7 +91,7 @@ class PlacementService:
         self.policy.remove_job(job)
 
     def job_ended(self, job: str, checkpoints: dict[str, dict | None]) -> None:
-        """``job``'s stages are gone; their trials get the checkpoints (by slot name) to continue elsewhere."""
+        """``job``'s stages are gone; their units get the hand-backs (by slot name) to continue elsewhere."""
         if job not in self.ending:
             self.job_ending(job)
         for slot_name, trial in self.ending.pop(job).items():
@@ -99,18 +114,26 @@ class PlacementService:
                 self.assigned.pop(slot.trial, None)
 
     def stop_trial(self, trial_id: str) -> None:
-        """Tune stopped the trial (e.g. an early-stopping decision): stop its fill trial on every host it
-        occupies and free its slots."""
-        hosts = [s.host for s in self.policy.slots.values() if s.trial == trial_id and s.host is not None]
+        """Tune stopped the trial (e.g. an early-stopping decision): stop its fill trials on every host they
+        occupy and free their slots."""
+        hosts = [s.host for s in self.policy.slots.values()
+                 if s.trial is not None and trial_of(s.trial) == trial_id and s.host is not None]
         ray.get([ray.get_actor(host).detach_fill.remote() for host in hosts])
         self.release(trial_id)
 
     def release(self, trial_id: str) -> None:
-        """The trial is finished: free its slots."""
-        self.policy.release(trial_id)
-        self.assigned.pop(trial_id, None)
-        self.evicted.pop(trial_id, None)
-        self.needs.pop(trial_id, None)
+        """The Tune trial is finished: free the slots of all its units."""
+        keys = {trial_id, *(k for k in [*self.needs, *self.assigned, *self.evicted] if trial_of(k) == trial_id)}
+        keys.update(s.trial for s in self.policy.slots.values() if s.trial is not None and trial_of(s.trial) == trial_id)
+        for key in keys:
+            self.release_unit(key)
+
+    def release_unit(self, key: str) -> None:
+        """One unit is finished: free its slots."""
+        self.policy.release(key)
+        self.assigned.pop(key, None)
+        self.evicted.pop(key, None)
+        self.needs.pop(key, None)
 
     def slots(self) -> list[dict]:
         return [asdict(s) for s in self.policy.slots.values()]

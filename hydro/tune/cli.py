@@ -59,6 +59,10 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
     energy_scheduler.add_arguments(parser)
+    parser.add_argument("--bubbles", action="store_true",
+                        help="run the fused trials in the bubbles of the pipeline jobs registered with the cluster's "
+                             "placement service (late-stage trials and the target on its dedicated workers); needs "
+                             "--address or $RAY_ADDRESS")
     parser.set_defaults(func=run)
 
 
@@ -135,6 +139,9 @@ def load_workload(reference: str) -> tuple[TuneSpec, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bubbles and not (args.address or os.environ.get("RAY_ADDRESS")):
+        raise SystemExit("hydro tune --bubbles: give the cluster whose pipeline jobs have registered their bubbles "
+                         "(--address or $RAY_ADDRESS); an embedded cluster has none")
     spec, space = EXAMPLES[args.example]() if args.example else load_workload(args.workload)
     shrink = {"shrink_fixed": args.shrink_fixed or spec.shrink_fixed, "shrink_strict": args.strict_shrink or
               spec.shrink_strict, "shrink_min_width": args.min_width or spec.shrink_min_width}
@@ -155,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
                          scheduler=asha(spec) if args.scheduler == "asha" else None,
                          searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
                          transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
-                         seed=args.seed, data=data, energy=energy)
+                         seed=args.seed, data=data, energy=energy,
+                         bubbles=args.bubbles)
     except TuningFailed as failed:
         _print_members(failed.results, spec)
         print(f"\nhydro tune: {failed}\nwritten: {os.path.join(failed.results.experiment_path, MEMBER_TABLE_FILE)}",

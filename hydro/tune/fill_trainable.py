@@ -1,138 +1,239 @@
-"""Fused fill trials as Ray Tune trials, placed into pipeline bubbles or onto dedicated workers.
+"""Hydro's trials in pipeline bubbles: a Ray Tune trainable whose fused trials run on fill hosts.
 
 The Tune trial is a thin proxy that needs almost no CPU of its own: it asks the placement service
-(:mod:`hydro.tune.bubble_service`) for a slot, attaches its fused trial to the slot's host (a pipeline
-stage actor, or a dedicated worker), and reports per-member losses with a checkpoint every
-``report_every`` steps. When its pipeline job ends it continues elsewhere from the exact checkpoint the job
-handed back; when the scheduler promotes it (:class:`hydro.tune.bubble_scheduler.BubbleScheduler`) it
-moves to a dedicated worker with its exact state; if its host dies, it resumes from its last reported
-checkpoint (the steps since are trained again, identically: batches depend only on (seed, step)).
+(:mod:`hydro.tune.bubble_service`) for a slot, attaches its fused trial (the ``HydroSearcher``'s plan of the
+user's ``TuneSpec``, a :class:`~hydro.trial.unit.FusedTrial` in a fill process) to the slot's host — a pipeline
+stage actor (gated by its bubbles) or a dedicated worker — and after every epoch takes the members' metrics,
+asks the run's per-member stopping rule (:class:`~hydro.tune.session.MemberSession`), tells the fill which
+members go on and reports, with a checkpoint every ``TuneSpec.checkpoint_every`` epochs.
+
+Fusion follows the slot's free memory: when a slot holds fewer members than the trial has, the rest start
+another fused trial (a second *unit* of the same Tune trial, placed on its own slot); the units meet at every
+epoch's report. A unit moves without loss: when its pipeline job ends it continues elsewhere from the exact
+state the job handed back; when the scheduler promotes the trial (:class:`~hydro.tune.bubble_scheduler.
+BubbleScheduler`) it moves to a dedicated worker with its exact state; if its host dies it resumes from the
+state after its last epoch (batches depend only on (seed, epoch), so the replay is identical). A fill that
+raises, crashes or hangs fails the Tune trial with the fill's own cause; its last checkpoint stays.
 """
 from __future__ import annotations
 
+import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
 
 import ray
 import torch
 from ray import tune
 
-from hydro.tune.bubble_service import SERVICE_NAME
+from hydro.bubbles.fill_process import EpochResult
+from hydro.bubbles.fit import member_bytes
+from hydro.trial.plan import TrialKind, TrialPlan
+from hydro.trial.spec import TuneSpec
+from hydro.tune.bubble_service import SERVICE_NAME, unit_key
+from hydro.tune.pipeline_job import pickled_workload
+from hydro.tune.session import MemberSession
 
-from hydro.bubbles.fill import FillSpec, FillTooLarge, fill_memory_bytes
+logger = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "hydro_fill.pt"
-
-
-def fill_trainable(template: FillSpec, steps: int, report_every: int, poll_s: float = 0.02
-                   ) -> Callable[[dict], None]:
-    """A Tune function trainable: trial config ``{"members": [{"lr": ..., "momentum": ...}, ...]}`` is one
-    fused trial of ``template``'s model, trained ``steps`` steps. Run it with a placement service up and
-    small trial resources (e.g. ``tune.with_resources(..., {"cpu": 0.01})``): the hosts do the work."""
-
-    def fill_trial(config: dict) -> None:
-        run_fill_trial(replace(template, configs=list(config["members"])), steps, report_every, poll_s)
-
-    return fill_trial
+STATE_FILE = "hydro_fill_units.pt"
 
 
-def run_fill_trial(spec: FillSpec, steps: int, report_every: int, poll_s: float) -> None:
-    service = ray.get_actor(SERVICE_NAME)
-    trial_id = tune.get_context().get_trial_id()
-    restored = tune.get_checkpoint()
-    checkpoint = torch.load(Path(restored.path) / CHECKPOINT_FILE, weights_only=False) if restored else None
-    memory = fill_memory_bytes(spec)
-    reported = checkpoint["completed_steps"] if checkpoint else 0
-    try:
-        while checkpoint is None or checkpoint["completed_steps"] < steps:
-            slot = _wait_for_slot(service, trial_id, memory, poll_s)
-            host = ray.get_actor(slot["host"])
-            done = checkpoint["completed_steps"] if checkpoint else 0
-            members = ray.get(host.attach_fill.remote(None if checkpoint else spec, slot["mode"], steps - done,
-                                                      checkpoint, report_every))
-            if members < len(spec.configs):
-                ray.get(host.detach_fill.remote())
-                raise FillTooLarge(f"slot {slot['slot']} can host {members} of this trial's {len(spec.configs)} "
-                                   f"members; give fewer members per trial")
-            checkpoint, reported = _follow(host, service, trial_id, slot, checkpoint, reported, steps, poll_s)
-    finally:
-        service.release.remote(trial_id)
+class FillTrialError(RuntimeError):
+    """A fill trial failed on its host; the message carries the fill's own cause."""
 
 
-def _wait_for_slot(service, trial_id: str, memory: int, poll_s: float) -> dict:
-    while True:
-        slot = ray.get(service.place.remote(trial_id, memory))
-        if slot is not None:
-            return slot
-        time.sleep(poll_s)
+def bubble_trainable(spec: TuneSpec, poll_s: float = 0.02) -> Callable[[dict], None]:
+    """A Tune function trainable for a ``HydroSearcher`` run whose trials run on fill hosts. Run it with a
+    placement service up and small trial resources (``tune.with_resources(..., {"cpu": 0.01})``)."""
+
+    def hydro_bubble_trial(config: dict) -> None:
+        run_bubble_trial(spec, config, poll_s)
+
+    return hydro_bubble_trial
 
 
-def _follow(host, service, trial_id: str, slot: dict, last: dict | None, reported: int, steps: int,
-            poll_s: float) -> tuple[dict | None, int]:
-    """Report the hosted trial's snapshots until it finishes or must move; returns (checkpoint to continue
-    from, last reported step)."""
-    while True:
-        time.sleep(poll_s)
+class _Unit:
+    """One fused trial of the Tune trial's members on one slot (moves between slots with its state)."""
+
+    def __init__(self, key: str, member_ids: list[str], state: dict | None = None) -> None:
+        self.key, self.member_ids, self.state = key, member_ids, state
+        self.slot: dict | None = None  # {"slot", "host", "mode"} while attached
+        self.host = None
+        self.result: EpochResult | None = None
+        self.done = False
+
+
+class _Proxy:
+    def __init__(self, spec: TuneSpec, config: dict, poll_s: float) -> None:
+        self.spec, self.poll_s = spec, poll_s
+        self.service = ray.get_actor(SERVICE_NAME)
+        self.trial_id = tune.get_context().get_trial_id()
+        states = _restored_states()
+        ids = [m for s in states for m in s["trial"]["member_ids"]] if states else None
+        self.session = MemberSession(config, spec.metric, spec.mode, ids)
+        self.plan: TrialPlan = self.session.plan
+        self.workload = pickled_workload(spec)
+        self.dedicated_only = self.plan.kind != TrialKind.SURROGATE  # the target trains on a dedicated worker
+        first = self.session.configs[0]
+        self.need = member_bytes(spec, first, self.plan.scale, self.plan.mup, spec.load_data())
+        self.units = ([_Unit(unit_key(self.trial_id, i), list(s["trial"]["member_ids"]), s) for i, s in enumerate(states)]
+                      if states else [_Unit(unit_key(self.trial_id, 0), list(self.session.member_ids))])
+        self.epoch = max((s["trial"]["epoch"] for s in states), default=0) if states else 0
+        self.decided: dict[str, list[str]] = {}  # unit key -> its members that went on after ``self.epoch``
+
+    def run(self) -> None:
         try:
-            status = ray.get(host.fill_status.remote(reported))  # snapshots after what was reported
-        except ray.exceptions.RayActorError:  # the host died: its slot is gone, resume from the last report
-            service.slot_lost.remote(slot["slot"])
-            return last, reported
-        if status is not None:
-            snapshot = status["snapshot"]
-            if snapshot is not None:  # every report point, once
-                done = snapshot["completed_steps"]
-                reported = _catch_up(snapshot, status["snapshot_losses"], slot, reported, done - 1)
-                last, reported = snapshot, _report(snapshot, slot["slot"], snapshot)
-            if status["completed_steps"] >= steps:
-                final = ray.get(host.detach_fill.remote())
-                reported = _catch_up(final, final["snapshot_losses"], slot, reported, final["completed_steps"] - 1)
-                if final["completed_steps"] > reported:
-                    reported = _report(final, slot["slot"], final)
-                return final, reported
-        where = ray.get(service.assignment.remote(trial_id))
+            while True:
+                for unit in list(self.units):
+                    if not unit.done:
+                        self._advance(unit)
+                live = [u for u in self.units if not u.done]
+                if live and all(u.result is not None for u in live):
+                    if not self._step(live):
+                        return
+                time.sleep(self.poll_s)
+        finally:
+            for unit in self.units:
+                if unit.host is not None:
+                    _quietly(unit.host.detach_fill)
+            ray.get(self.service.release.remote(self.trial_id))
+
+    def _advance(self, unit: _Unit) -> None:
+        """Place/attach the unit, or follow it: take its posted epoch result, move it when it must."""
+        if unit.slot is None:
+            self._attach(unit)
+            return
+        try:
+            status = ray.get(unit.host.fill_status.remote())
+        except ray.exceptions.RayActorError:  # the host died: resume elsewhere from the last state
+            self._lost(unit)
+            return
+        if status is not None and "failed" in status:
+            raise FillTrialError(f"the fill trial of members {unit.member_ids} failed on {unit.slot['slot']}: "
+                                 f"{status['failed']}")
+        if status is not None and status["result"] is not None and unit.result is None:
+            result = status["result"]
+            if result.epoch <= self.epoch:  # replayed after a move: it was decided already
+                self._decide(unit, self.decided[unit.key])
+            else:
+                unit.result = result
+        where = ray.get(self.service.assignment.remote(unit.key))
         if where is not None and "evicted" in where:  # the job ended: its hand-back, or what the host still has
-            state = where["evicted"]
-            if state is None:
-                try:
-                    state = ray.get(host.detach_fill.remote())
-                except ray.exceptions.RayActorError:
-                    pass
-            return _moved(state, last, slot, reported)
-        if where is not None and where["slot"] != slot["slot"]:  # promoted to a dedicated worker
-            moved = ray.get(host.detach_fill.remote())
-            service.left.remote(slot["slot"])
-            return _moved(moved, last, slot, reported)
+            handed = where["evicted"] if where["evicted"] is not None else _quietly(unit.host.detach_fill)
+            self._moved(unit, handed)
+        elif where is not None and where["slot"] != unit.slot["slot"]:  # promoted to a dedicated worker
+            moved = ray.get(unit.host.detach_fill.remote())
+            self.service.left.remote(unit.slot["slot"])
+            self._moved(unit, moved)
+
+    def _attach(self, unit: _Unit) -> None:
+        slot = ray.get(self.service.place.remote(unit.key, self.need, self.epoch, self.dedicated_only))
+        if slot is None:
+            return
+        host = ray.get_actor(slot["host"])
+        try:
+            kept = ray.get(host.attach_fill.remote(self.workload, self.plan, slot["mode"],
+                                                   member_ids=None if unit.state else unit.member_ids,
+                                                   state=unit.state, epochs=self.spec.epochs))
+        except ray.exceptions.RayActorError:
+            self.service.slot_lost.remote(slot["slot"])
+            return
+        except ray.exceptions.RayTaskError as error:
+            raise FillTrialError(f"the fill trial of members {unit.member_ids} could not start on "
+                                 f"{slot['slot']}: {error.cause}") from None
+        unit.slot, unit.host = slot, host
+        if len(kept) < len(unit.member_ids):  # the slot holds fewer: the rest start another fused trial
+            rest = unit.member_ids[len(kept):]
+            unit.member_ids = list(kept)
+            self.units.append(_Unit(unit_key(self.trial_id, len(self.units)), rest))
+            logger.info("slot %s holds %d of %d members; the other %d start another fused trial", slot["slot"],
+                        len(kept), len(kept) + len(rest), len(rest))
+
+    def _step(self, live: list[_Unit]) -> bool:
+        """Every unit posted the epoch: decide, tell the units, report. ``False`` when the trial is over."""
+        epoch = live[0].result.epoch
+        values = {m: {name: vs[i] for name, vs in u.result.metrics.items()}
+                  for u in live for i, m in enumerate(u.result.member_ids)}
+        names = list(live[0].result.metrics)
+        metrics = {name: [values[m][name] for m in self.session.member_ids] for name in names}
+        keep = self.session.step(epoch, metrics, final=epoch == self.spec.epochs,
+                                 extra={"fused": True, "units": len(live),
+                                        "slots": ",".join(u.slot["slot"] for u in live)})
+        going_on = set(self.session.member_ids) if keep else set()
+        self.epoch = epoch
+        for unit in live:
+            self.decided[unit.key] = [m for m in unit.member_ids if m in going_on]
+            self._decide(unit, self.decided[unit.key])
+        if keep and epoch % self.spec.checkpoint_every:
+            self.session.report()
+        else:
+            with tempfile.TemporaryDirectory() as directory:
+                states = [u.state for u in self.units if u.state is not None and (u.member_ids or not keep)]
+                torch.save(states, os.path.join(directory, STATE_FILE))
+                self.session.report(checkpoint=tune.Checkpoint.from_directory(directory))
+        return bool(keep)
+
+    def _decide(self, unit: _Unit, keep: list[str]) -> None:
+        try:
+            answer = ray.get(unit.host.fill_decide.remote(keep))
+        except ray.exceptions.RayActorError:  # resumes from its last state, replays this epoch, decided again
+            self._lost(unit)
+            return
+        if "failed" in answer:
+            raise FillTrialError(f"the fill trial of members {unit.member_ids} failed on {unit.slot['slot']}: "
+                                 f"{answer['failed']}")
+        unit.state, unit.result, unit.member_ids = answer["state"], None, list(keep)  # the state: all after the last
+        if not keep:  # its members are done: free the slot
+            unit.done = True
+            _quietly(unit.host.detach_fill)
+            unit.host, unit.slot = None, None
+            self.service.release_unit.remote(unit.key)
+
+    def _lost(self, unit: _Unit) -> None:
+        self.service.slot_lost.remote(unit.slot["slot"])
+        unit.slot, unit.host, unit.result = None, None, None
+
+    def _moved(self, unit: _Unit, handed: dict | None) -> None:
+        """The unit left its slot with ``handed`` (exact state; else it resumes from its last state)."""
+        if handed is not None and "failed" in handed:
+            raise FillTrialError(f"the fill trial of members {unit.member_ids} failed on {unit.slot['slot']}: "
+                                 f"{handed['failed']}")
+        if handed is not None:
+            unit.state = handed["state"]
+            unit.member_ids = list(unit.state["trial"]["member_ids"])
+        unit.slot, unit.host, unit.result = None, None, None
 
 
-def _moved(state: dict | None, last: dict | None, slot: dict, reported: int) -> tuple[dict | None, int]:
-    """Leaving ``slot`` with ``state`` (exact, with its report points) or else the last reported snapshot."""
-    if state is None:
-        return last, reported
-    return state, _catch_up(state, state["snapshot_losses"], slot, reported, state["completed_steps"])
+def bubble_fill(spec: TuneSpec):
+    """:func:`bubble_trainable` with the small resources of a proxy; refuses to start without a placement
+    service (nothing would host the trials)."""
+    try:
+        ray.get_actor(SERVICE_NAME)
+    except ValueError:
+        raise RuntimeError("hydro.tune: bubbles=True needs the cluster's placement service with slots: register a "
+                           "pipeline job (PipelineJob.register(placement_service())) and/or start_dedicated_hosts() "
+                           "first") from None
+    return tune.with_resources(bubble_trainable(spec), {"cpu": 0.01})
 
 
-def _catch_up(state: dict, points: list[tuple[int, list[float]]], slot: dict, reported: int, through: int) -> int:
-    """Report the report points (steps, per-member losses) after ``reported`` up to ``through`` steps."""
-    for done, losses in points:
-        if reported < done <= through:
-            reported = _report({**state, "completed_steps": done, "losses": losses}, slot["slot"], None)
-    return reported
+def run_bubble_trial(spec: TuneSpec, config: dict, poll_s: float) -> None:
+    """Train the trial described by ``config`` on fill hosts, reporting per member every epoch."""
+    _Proxy(spec, config, poll_s).run()
 
 
-def _report(point: dict, slot: str, checkpoint: dict | None) -> int:
-    """Report the per-member losses after ``point["completed_steps"]`` steps (with ``checkpoint`` if given)."""
-    losses = point["losses"]
-    metrics = {"loss": sum(losses) / len(losses), "min_member_loss": min(losses),
-               "completed_steps": point["completed_steps"], "slot": slot,
-               **{f"members/{member}/loss": loss for member, loss in zip(point["member_ids"], losses)}}
+def _restored_states() -> list[dict]:
+    checkpoint = tune.get_checkpoint()
     if checkpoint is None:
-        tune.report(metrics)
-        return point["completed_steps"]
-    with tempfile.TemporaryDirectory() as directory:
-        torch.save(checkpoint, Path(directory) / CHECKPOINT_FILE)
-        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
-    return point["completed_steps"]
+        return []
+    with checkpoint.as_directory() as directory:
+        return torch.load(os.path.join(directory, STATE_FILE), weights_only=False)
+
+
+def _quietly(method) -> dict | None:
+    """``method.remote()``'s answer, or ``None`` if its actor is gone."""
+    try:
+        return ray.get(method.remote())
+    except ray.exceptions.RayActorError:
+        return None

@@ -1,10 +1,11 @@
 """A pipeline-parallel job whose stages are Ray actors, each able to host a fill trial in its bubbles.
 
-Each stage actor joins a gloo (CPU) or NCCL (GPU) process group, runs 1F1B iterations
-(:class:`~hydro.bubbles.stage.PipelineStage`) and reports its operations and bubbles. ``attach_fill``
-co-locates a fused fill trial with the stage, in a process of its own on the stage's core
-(:class:`~hydro.bubbles.fill_process.FillProcess`): ``mode="gated"`` runs it only inside bubbles, layer by
-layer, under ``SCHED_IDLE``; ``mode="naive"`` lets it run alongside at normal priority (for contrast).
+Each stage actor joins a NCCL process group when it has a GPU (``num_gpus_per_stage``), gloo otherwise, runs
+1F1B iterations (:class:`~hydro.bubbles.stage.PipelineStage`) on its device and reports its operations and
+bubbles. ``attach_fill`` co-locates a Hydro fused trial with the stage, in a process of its own on the stage's
+core (:class:`~hydro.bubbles.fill_process.FillProcess`): ``SlotMode.GATED`` runs it only inside bubbles, layer
+by layer, under ``SCHED_IDLE``; ``SlotMode.NAIVE`` lets it run alongside at normal priority (for contrast).
+The fill is untrusted: an iteration never waits for it, and a fill that raises, crashes or hangs is detached.
 Stage actors are named ``hydro-bubbles/<job>/<stage>`` so a placement policy can find them.
 """
 from __future__ import annotations
@@ -16,63 +17,79 @@ from dataclasses import asdict
 
 import ray
 import torch
+from ray import cloudpickle
 
-from hydro.bubbles.fill import FillSpec
 from hydro.bubbles.gate import BubbleGate
-from hydro.bubbles.host import DedicatedHost, FillHost
-from hydro.bubbles.schedule import one_f_one_b
+from hydro.bubbles.host import DedicatedHost, FillHost, SlotMode
 from hydro.bubbles.hooks import BubbleRecorder
+from hydro.bubbles.schedule import one_f_one_b
 from hydro.bubbles.stage import PipelineSpec, PipelineStage
 from hydro.energy.device import EnergyDevice
+from hydro.trial.plan import TrialPlan
+from hydro.trial.spec import TuneSpec
 
 
 class StageHost(FillHost):
-    """The body of a stage actor (plain class; Ray wraps it in :func:`stage_actor`). Fill modes: ``"gated"``
-    (inside bubbles only) and ``"naive"`` (alongside the stage, for contrast)."""
+    """The body of a stage actor (plain class; Ray wraps it in :func:`stage_actor`). Fill modes: ``GATED``
+    (inside bubbles only) and ``NAIVE`` (alongside the stage, for contrast)."""
 
-    modes = ("gated", "naive")
+    modes = (SlotMode.GATED, SlotMode.NAIVE)
 
-    def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, address: str, fill_memory_bytes: int | None):
+    def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, address: str, fill_memory_bytes: int | None,
+                 timeouts: dict | None = None):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(1)
-        torch.distributed.init_process_group("gloo", init_method=address, rank=stage, world_size=num_stages)
+        device = stage_device()
+        torch.distributed.init_process_group(process_group_backend(device), init_method=address, rank=stage,
+                                             world_size=num_stages)
         cores = sorted(os.sched_getaffinity(0))
-        super().__init__(f"stage {stage}", {cores[stage % len(cores)]}, fill_memory_bytes)  # the fill shares the core
+        super().__init__(f"stage {stage}", {cores[stage % len(cores)]}, fill_memory_bytes, timeouts)  # shares the core
         self.recorder = BubbleRecorder(self.gate)
-        self.stage = PipelineStage(spec, stage, num_stages, self.recorder)
+        self.stage = PipelineStage(spec, stage, num_stages, self.recorder, device)
 
     def profile(self, iterations: int) -> tuple[float, float]:
         return self.stage.profile(iterations)
 
-    def run(self, iterations: int) -> dict:
-        """Run ``iterations``; returns the stage's losses, operations and bubbles (wall-clock seconds)."""
+    def run(self, iterations: int, fill_activity: bool = False) -> dict:
+        """Run ``iterations``; returns the stage's losses, operations and bubbles (wall-clock seconds), and the
+        hosted fill trial's work meanwhile (its units' times too with ``fill_activity``). The iterations never
+        wait for the fill; a fill found dead or hung afterwards is detached."""
         os.sched_setaffinity(0, self.cpus)
         self.stage.timeline.clear()
         self.recorder.bubbles.clear()
         fill = self.fill
         fill_steps, fill_compute = (fill.completed_steps, fill.compute_s) if fill is not None else (0, 0.0)
         started = time.time()
-        losses = [self.stage.run_iteration() for _ in range(iterations)]
+        losses = []
+        for _ in range(iterations):
+            losses.append(self.stage.run_iteration())
+            self.check_fill()
         report = {"stage": self.stage.stage, "losses": losses, "wall_s": time.time() - started,
                   "ops": [asdict(i) for i in self.stage.timeline],
                   "bubbles": [{**asdict(b), "length": b.length} for b in self.recorder.bubbles]}
-        with self.fill_lock:
-            if fill is not None and fill is self.fill:  # the same fill trial throughout: its work in this run
-                report["fill_steps"] = fill.completed_steps - fill_steps
-                report["fill_compute_s"] = fill.compute_s - fill_compute
-                report["fill_members"] = fill.num_members
-                report["fill_activity"] = [a for a in fill.activity() if a[0] >= started]
+        if fill is not None and fill is self.fill:  # the same fill trial throughout: its work in this run
+            report["fill_steps"] = fill.completed_steps - fill_steps
+            report["fill_compute_s"] = fill.compute_s - fill_compute
+            report["fill_members"] = len(fill.member_ids)
+            if fill_activity:
+                with self.fill_lock:
+                    report["fill_activity"] = [a for a in fill.activity() if a[0] >= started]
         return report
 
     def _set_gate(self, gate: BubbleGate) -> None:
         self.gate = gate
         self.recorder.listeners = [gate]
 
+    def iteration(self) -> int:
+        """Iterations this stage has run."""
+        return self.stage.iteration
+
     def weights(self) -> dict:
         return {k: v.clone() for k, v in self.stage.model.state_dict().items()}
 
     def shutdown(self) -> dict | None:
-        """End the stage: stop any fill trial (returning its checkpoint) and leave the process group."""
+        """End the stage: stop any fill trial (returning what :meth:`detach_fill` returns) and leave the process
+        group."""
         checkpoint = self.detach_fill()
         torch.distributed.destroy_process_group()
         return checkpoint
@@ -87,21 +104,33 @@ class StageHost(FillHost):
                 "energy_j": device.energy_j() - energy, "frequency_after_mhz": device.get_frequency_mhz()}
 
 
-def stage_actor(num_cpus: float = 1):
+def stage_device() -> torch.device:
+    """This stage's device: the first GPU Ray gave the actor, else the CPU."""
+    gpus = ray.get_gpu_ids()
+    return torch.device("cuda", 0) if gpus and torch.cuda.is_available() else torch.device("cpu")
+
+
+def process_group_backend(device: torch.device) -> str:
+    """NCCL between GPU stages, gloo between CPU stages."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def stage_actor(num_cpus: float = 1, num_gpus: float = 0):
     """The Ray actor class of a stage (threaded, so fill control calls run while an iteration runs)."""
-    return ray.remote(num_cpus=num_cpus, max_concurrency=4)(StageHost)
+    return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=4)(StageHost)
 
 
 class PipelineJob:
     """Driver of a pipeline job of ``num_stages`` Ray actors on the current Ray cluster."""
 
     def __init__(self, spec: PipelineSpec, num_stages: int = 2, name: str = "main",
-                 fill_memory_bytes: int | None = None, num_cpus_per_stage: float = 1) -> None:
+                 fill_memory_bytes: int | None = None, num_cpus_per_stage: float = 1, num_gpus_per_stage: float = 0,
+                 timeouts: dict | None = None) -> None:
         self.spec, self.num_stages, self.name = spec, num_stages, name
         address = f"tcp://127.0.0.1:{_free_port()}"
-        actor = stage_actor(num_cpus_per_stage)
+        actor = stage_actor(num_cpus_per_stage, num_gpus_per_stage)
         self.actor_names = [f"hydro-bubbles/{name}/{s}" for s in range(num_stages)]
-        self.stages = [actor.options(name=n).remote(spec, s, num_stages, address, fill_memory_bytes)
+        self.stages = [actor.options(name=n).remote(spec, s, num_stages, address, fill_memory_bytes, timeouts)
                        for s, n in enumerate(self.actor_names)]
         self.service = None
 
@@ -117,12 +146,17 @@ class PipelineJob:
     def profile(self, iterations: int = 2) -> list[tuple[float, float]]:
         return ray.get([s.profile.remote(iterations) for s in self.stages])
 
-    def run(self, iterations: int) -> list[dict]:
-        return ray.get([s.run.remote(iterations) for s in self.stages])
+    def run(self, iterations: int, fill_activity: bool = False) -> list[dict]:
+        return ray.get([s.run.remote(iterations, fill_activity) for s in self.stages])
 
-    def attach_fill(self, stage: int, spec: FillSpec | None = None, mode: str = "gated",
-                    checkpoint: dict | None = None) -> int:
-        return ray.get(self.stages[stage].attach_fill.remote(spec, mode, checkpoint=checkpoint))
+    def attach_fill(self, stage: int, spec: TuneSpec, plan: TrialPlan, mode: SlotMode = SlotMode.GATED,
+                    member_ids: list[str] | None = None, state: dict | None = None) -> list[str]:
+        """Start a fused trial of ``spec`` (its ``plan``'s ``member_ids``, as many as fit; or continued from
+        ``state``) in ``stage``'s bubbles; returns the member ids it trains."""
+        if member_ids is None and state is None:
+            member_ids = [m for m, _ in plan.members]
+        return ray.get(self.stages[stage].attach_fill.remote(pickled_workload(spec), plan, mode, member_ids=member_ids,
+                                                             state=state))
 
     def fill_status(self, stage: int) -> dict | None:
         return ray.get(self.stages[stage].fill_status.remote())
@@ -158,16 +192,22 @@ class PipelineJob:
                         for s, f, d in zip(self.stages, stage_frequencies, devices)])
 
 
-def start_dedicated_hosts(service, count: int, num_cpus: float = 1, fill_memory_bytes: int | None = None) -> list:
+def start_dedicated_hosts(service, count: int, num_cpus: float = 1, fill_memory_bytes: int | None = None,
+                          timeouts: dict | None = None) -> list:
     """Start ``count`` dedicated host actors (``hydro-bubbles/dedicated/<i>``) and register them with the
     placement ``service`` as dedicated slots; returns the actor handles."""
     actor = ray.remote(num_cpus=num_cpus, max_concurrency=4)(DedicatedHost)
     hosts = []
     for i in range(count):
         name = f"hydro-bubbles/dedicated/{i}"
-        hosts.append(actor.options(name=name).remote(name, fill_memory_bytes))
+        hosts.append(actor.options(name=name).remote(name, fill_memory_bytes, timeouts))
         ray.get(service.add_dedicated.remote(f"dedicated/{i}", ray.get(hosts[-1].fill_budget.remote()), name))
     return hosts
+
+
+def pickled_workload(spec: TuneSpec) -> bytes:
+    """``spec`` as fill processes take it: a cloudpickle, so they need not import the user's workload file."""
+    return cloudpickle.dumps(spec)
 
 
 def _free_port() -> int:

@@ -12,7 +12,9 @@ from ray.tune.search import Searcher
 from hydro.energy.tuning import EnergySettings
 from hydro.trial.check import WorkloadError, check_workload
 from hydro.trial.spec import Batch, TuneSpec
+from hydro.tune.bubble_scheduler import BubbleScheduler
 from hydro.tune.energy_scheduler import for_hydro
+from hydro.tune.fill_trainable import bubble_fill
 from hydro.tune.progress import MemberProgress, show_progress
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import failure_summary, write_results
@@ -80,7 +82,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
         max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1,
         callbacks: Sequence[tune.Callback] = (), data: tuple[Batch, Batch] | None = None,
-        energy: EnergySettings | None = None) -> tuple[tune.ResultGrid, HydroSearcher]:
+        energy: EnergySettings | None = None, bubbles: bool = False) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
     table and best configuration written to its directory) and the searcher.
 
@@ -88,12 +90,17 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     process before any trial starts. ``verbose``: 0 silent, 1 member
     progress (logger ``hydro.tune.progress``), 2 also Ray's trial table. ``max_failures``: retries of a trial
     that crashed (deterministic errors, e.g. a member that cannot be built, are not retried). ``energy``:
-    energy-tune the trials (:func:`hydro.tune.energy_scheduler.for_hydro` schedules them). Raises
+    energy-tune the trials (:func:`hydro.tune.energy_scheduler.for_hydro` schedules them). ``bubbles``: the fused
+    trials run in the bubbles of the pipeline jobs registered with the cluster's placement service (late-stage
+    trials and the target on its dedicated workers; see :mod:`hydro.tune.fill_trainable`). Raises
     :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""
     if energy is not None and energy.batch_sizes and "batch_size" in param_space:
         raise ValueError("hydro tune --energy: the batch size is chosen per fused group by the energy bandit; remove "
                          "'batch_size' from the param space, or turn the bandit off (--energy-batch-sizes with no "
                          "value / EnergySettings(batch_sizes=()))")
+    if energy is not None and bubbles:
+        raise ValueError("hydro: energy tuning and bubble filling are separate schedulers and cannot be combined yet; "
+                         "run with one of energy=... (--energy) or bubbles=True (--bubbles)")
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     data = data if data is not None else prepare(spec, param_space, scale=scale, seed=seed)
@@ -104,9 +111,10 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     if progress:
         show_progress()
     tuner = tune.Tuner(
-        trainable(spec, data, energy), param_space=param_space,
+        bubble_fill(spec) if bubbles else trainable(spec, data, energy), param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
-                                    scheduler=None if energy is None else for_hydro(energy, spec, seed),
+                                    scheduler=BubbleScheduler() if bubbles else
+                                    None if energy is None else for_hydro(energy, spec, seed),
                                     reuse_actors=True, max_concurrent_trials=max_concurrent_trials,
                                     trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=1 if verbose >= 2 else 0,

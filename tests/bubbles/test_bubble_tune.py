@@ -1,132 +1,171 @@
-"""Fill trials as Ray Tune trials on a local cluster: placed in pipeline bubbles, promoted to a dedicated
-worker, moved when their pipeline job ends — each trains exactly as it would alone."""
+"""Hydro's own trials in pipeline bubbles on a local Ray cluster: a HydroSearcher run on a user TuneSpec with a
+running 2-stage pipeline job. Members train in bubbles and end bit-identical to training alone; members that do
+not fit a bubble start another fused trial; late-stage trials and the target move to the dedicated worker; job
+end and host death move members on without loss; a failing fill fails its Tune trial with its own cause."""
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import ray
 import torch
-from ray import tune
-from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from hydro.bubbles import FillSpec, PipelineSpec
-from hydro.tune.bubble_scheduler import BubbleScheduler
+from hydro.bubbles import PipelineSpec
+from hydro.bubbles.fit import member_bytes
+from hydro.trial.plan import plan_of
+from hydro.trial.unit import FusedTrial
 from hydro.tune.bubble_service import placement_service
-from hydro.tune.fill_trainable import CHECKPOINT_FILE, fill_trainable
+from hydro.tune.fill_trainable import STATE_FILE
 from hydro.tune.pipeline_job import PipelineJob, start_dedicated_hosts
-from tests.bubbles.alone import same_state, train_alone
+from hydro.tune.run import fit
+from tests.bubbles.workload import same_members, spec
+from tests.tune.workload import SPACE
 
 PIPELINE = PipelineSpec(width=128, depth=6, microbatches=4, microbatch_size=16)
-TEMPLATE = FillSpec(configs=[])
-STEPS, EVERY = 300, 25
-GROUPS = [[{"lr": 0.1, "momentum": 0.9}, {"lr": 0.02}], [{"lr": 0.05}, {"lr": 0.2, "momentum": 0.5}]]
+EPOCHS = 3
 
 
 class RunningJob:
     """A registered pipeline job that keeps iterating in a thread (bubbles exist only while it runs)."""
 
-    def __init__(self, service, name: str) -> None:
-        self.job = PipelineJob(PIPELINE, num_stages=2, name=name, num_cpus_per_stage=0.5)
+    def __init__(self, service, name: str, fill_memory_bytes: int | None = None) -> None:
+        self.job = PipelineJob(PIPELINE, num_stages=2, name=name, num_cpus_per_stage=0.5,
+                               fill_memory_bytes=fill_memory_bytes)
         self.job.profile(2)
         self.job.register(service)
         self.stop = threading.Event()
         self.error: BaseException | None = None
+        self.iterations = 0
         self.thread = threading.Thread(target=self._loop)
         self.thread.start()
 
     def _loop(self) -> None:
         try:
             while not self.stop.is_set():
-                self.job.run(5)
+                reports = self.job.run(5)
+                assert all(len(r["losses"]) == 5 for r in reports)
+                self.iterations += 5
         except BaseException as error:  # noqa: BLE001 - raised by end()
             self.error = error
 
     def end(self) -> None:
-        self.stop.set()
-        self.thread.join()
-        self.job.shutdown()
+        if not self.stop.is_set():
+            self.stop.set()
+            self.thread.join()
+            self.job.shutdown()
         if self.error is not None:
             raise self.error
 
 
 @pytest.fixture
-def cluster(ray_cluster):
-    """A placement service (late stage: 100 steps) and one dedicated worker; removed after the test."""
-    service = placement_service(promote_rung=100)
-    hosts = start_dedicated_hosts(service, 1, num_cpus=0.25)
+def service(ray_cluster):
+    """A placement service (late stage: epoch 2) and two dedicated workers; removed after the test."""
+    service = placement_service(promote_rung=2)
+    hosts = start_dedicated_hosts(service, 2, num_cpus=0.25)
     yield service
     for actor in [service, *hosts]:
-        ray.kill(actor)
+        try:
+            ray.kill(actor)
+        except ValueError:
+            pass
 
 
-def _tune(tmp_path: Path, name: str, groups: list, scheduler=None) -> tune.ResultGrid:
-    trainable = tune.with_resources(fill_trainable(TEMPLATE, STEPS, EVERY), {"cpu": 0.01})
-    return tune.Tuner(trainable, param_space={"members": tune.grid_search(groups)},
-                      tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=scheduler),
-                      run_config=tune.RunConfig(storage_path=str(tmp_path), name=name, verbose=0)).fit()
+def _fit(tmp_path: Path, name: str, **overrides):
+    options = dict(num_samples=4, fusion=2, transfer_fraction=1.0, storage_path=str(tmp_path), name=name, verbose=0,
+                   max_failures=0, bubbles=True)
+    return fit(spec(epochs=EPOCHS), SPACE, **{**options, **overrides})
 
 
-def _check_exact(result: tune.Result) -> list[str]:
-    """The trial's final checkpoint equals training its members alone; returns the slots it ran in."""
-    assert result.error is None
-    final = torch.load(Path(result.checkpoint.path) / CHECKPOINT_FILE, weights_only=False)
-    assert final["completed_steps"] == STEPS
-    assert same_state(final["model"], train_alone(replace(TEMPLATE, configs=result.config["members"]), STEPS))
+def _check_exact(result) -> list[str]:
+    """Every unit of the trial ended exactly as its members trained alone; returns the slots it visited."""
+    assert result.error is None, result.error
+    states = torch.load(Path(result.checkpoint.path) / STATE_FILE, weights_only=False)
+    trial_plan = plan_of(result.config)
+    tune_spec = spec(epochs=EPOCHS)
+    for state in states:
+        assert state["trial"]["epoch"] == EPOCHS
+        alone = FusedTrial(tune_spec, trial_plan, tune_spec.load_data(), member_ids=state["trial"]["member_ids"])
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for _ in range(EPOCHS):
+                alone.run_epoch()
+        finally:
+            torch.set_num_threads(threads)
+        assert same_members(state, alone)
     history = result.metrics_dataframe
-    assert list(history["completed_steps"]) == list(range(EVERY, STEPS + 1, EVERY))  # every report point, once
-    return list(dict.fromkeys(history["slot"]))
+    assert list(history["epoch"]) == list(range(1, EPOCHS + 1))  # every epoch reported once
+    return [slot for slots in history["slots"] for slot in slots.split(",")]
 
 
-def test_trials_fill_bubbles_first_and_late_stage_trials_move_to_the_dedicated_worker(cluster, tmp_path):
-    job = RunningJob(cluster, "squeezed")
+def test_hydro_trials_fill_bubbles_exactly_overflow_into_another_fused_trial_and_move_to_dedicated(service, tmp_path):
+    tune_spec = spec()
+    one_member = member_bytes(tune_spec, {"lr": 0.1, "momentum": 0.9}, 1, False, tune_spec.load_data())
+    job = RunningJob(service, "squeezed", fill_memory_bytes=one_member)  # a stage's bubbles hold one member
     try:
-        results = _tune(tmp_path, "promote", GROUPS, BubbleScheduler())
+        results, searcher = _fit(tmp_path, "squeeze")
     finally:
         job.end()
-    visited = [_check_exact(r) for r in results]
-    assert all(slots[0].startswith("squeezed/") for slots in visited)  # early: in bubbles
-    assert any("dedicated/0" in slots[1:] for slots in visited)  # late: promoted to the free dedicated slot
+    assert job.iterations > 0
+    visited = {r.config["hydro"].kind: [] for r in results}
+    for result in results:
+        visited[result.config["hydro"].kind].append((_check_exact(result), result.metrics_dataframe))
+    surrogates, (target,) = visited["surrogate"], visited["target"]
+    assert len(surrogates) == 2 and len(searcher.member_results()) == 4
+    assert all(slots[0].startswith("squeezed/") for slots, _ in surrogates)  # early epochs: in bubbles
+    assert all(history["units"].iloc[0] == 2 for _, history in surrogates)  # 2 members, 1 fits: another trial
+    assert any(slot.startswith("dedicated/") for slots, _ in surrogates for slot in slots[2:])  # promoted
+    assert all(slot.startswith("dedicated/") for slot in target[0])  # the target: a dedicated worker only
 
 
-def test_a_pipeline_job_ending_mid_trial_loses_no_state(cluster, tmp_path):
-    job = RunningJob(cluster, "ending")
+def test_job_end_and_host_death_move_members_on_without_loss(service, tmp_path):
+    job = RunningJob(service, "ending")
 
-    def end_when_started() -> None:
-        for _ in range(2000):
-            slots = ray.get(cluster.slots.remote())
-            if any(s["trial"] and s["job"] == "ending" for s in slots):
-                status = [job.job.fill_status(i) for i in range(2)]
-                if any(s is not None and s["completed_steps"] >= 2 * EVERY for s in status):
-                    break
-            threading.Event().wait(0.02)
+    def disrupt() -> None:
+        """End the job once a unit there finished an epoch; then kill dedicated/0 once a unit runs there."""
+        for _ in range(3000):
+            slots = ray.get(service.slots.remote())
+            if any(s["trial"] and s["job"] == "ending" for s in slots) and _epochs_done(tmp_path / "ending") >= 1:
+                break
+            threading.Event().wait(0.05)
         job.end()
+        for _ in range(3000):
+            slots = {s["name"]: s for s in ray.get(service.slots.remote())}
+            if slots.get("dedicated/0", {}).get("trial"):
+                threading.Event().wait(0.3)
+                ray.kill(ray.get_actor("hydro-bubbles/dedicated/0"))
+                return
+            threading.Event().wait(0.05)
 
-    ender = threading.Thread(target=end_when_started)
-    ender.start()
-    results = _tune(tmp_path, "ending", GROUPS[:1])  # FIFO: no promotion, it moves only because the job ends
-    ender.join()
-    slots = _check_exact(results[0])
-    assert slots[0].startswith("ending/") and slots[-1] == "dedicated/0"
+    disruptor = threading.Thread(target=disrupt)
+    disruptor.start()
+    results, _ = _fit(tmp_path, "ending", num_samples=2, transfer_fraction=None)
+    disruptor.join()
+    (result,) = results
+    slots = _check_exact(result)
+    assert slots[0].startswith("ending/") and slots[-1].startswith("dedicated/")
 
 
-class StopOneGroup(FIFOScheduler):
-    """Stops the trial of the group whose first member has lr 0.05 at its first result."""
-
-    def on_trial_result(self, tune_controller, trial, result):
-        stop = trial.config["members"][0]["lr"] == 0.05
-        return TrialScheduler.STOP if stop else TrialScheduler.CONTINUE
+def _epochs_done(run: Path) -> int:
+    progress = list(run.glob("*/progress.csv"))
+    return max((len(p.read_text().splitlines()) - 1 for p in progress), default=0)
 
 
-def test_a_trial_stopped_by_the_scheduler_leaves_no_fill_behind(cluster, tmp_path):
-    job = RunningJob(cluster, "stopping")
+def test_a_failing_fill_fails_its_tune_trial_with_the_real_cause(service, tmp_path):
+    job = RunningJob(service, "faulty")
     try:
-        results = _tune(tmp_path, "stopping", GROUPS, BubbleScheduler(StopOneGroup()))
-        stopped = next(r for r in results if r.config["members"][0]["lr"] == 0.05)
-        assert stopped.metrics["completed_steps"] == EVERY  # stopped at its first report
-        _check_exact(next(r for r in results if r is not stopped))
-        assert all(s["trial"] is None for s in ray.get(cluster.slots.remote()))
-        hosts = [*job.job.stages, ray.get_actor("hydro-bubbles/dedicated/0")]
-        assert ray.get([h.fill_status.remote() for h in hosts]) == [None] * 3
+        results, _ = fit(spec(epochs=EPOCHS, fault="raise", at=12), SPACE, num_samples=2, fusion=2,
+                         transfer_fraction=None, storage_path=str(tmp_path), name="faulty", verbose=0, max_failures=0,
+                         bubbles=True)
     finally:
         job.end()
+    (result,) = results
+    assert result.error is not None and "ZeroDivisionError: fault injected" in str(result.error)
+    assert job.iterations > 0 and all(s["trial"] is None for s in ray.get(service.slots.remote()))
+
+
+def test_cli_bubbles_is_refused_without_a_cluster_whose_jobs_registered_bubbles(monkeypatch):
+    from hydro.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(SystemExit, match="--bubbles: give the cluster whose pipeline jobs have registered"):
+        main(["tune", "--example", "digits-mlp", "--bubbles"])

@@ -1,24 +1,17 @@
-"""Schedule, gate and fill runtime of the Bubble Squeezer, in plain Python (threads, no Ray)."""
+"""Schedule, gate and fill runtime of the Bubble Squeezer, in plain Python (threads and processes, no Ray):
+a fill process trains a user TuneSpec's fused trial exactly as alone, and its failures are contained."""
 import threading
 import time
 
 import pytest
 import torch
 
-from hydro.bubbles import BubbleGate, FillAborted, FillSpec, FillTrial, one_f_one_b, simulate
-from hydro.bubbles.fill_process import FillProcess, FillProcessError
+from hydro.bubbles import BubbleGate, FillAborted, FillFailed, FillProcess, FillTooLarge, UnitNeverFits, one_f_one_b, \
+    simulate
 from hydro.bubbles.schedule import Op, bubble_fraction
-from tests.bubbles.alone import train_alone
+from tests.bubbles.workload import plan, same_members, spec, train_alone, workload
 
-SPEC = FillSpec(configs=[{"lr": 0.1, "momentum": 0.9}, {"lr": 0.02}, {"lr": 0.05, "momentum": 0.5}])
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same kernels as a stage process, so results are bit-comparable
-    yield
-    torch.set_num_threads(threads)
+MEMBER_IDS = ["m0", "m1", "m2"]
 
 
 def test_1f1b_order_and_bubble_fraction():
@@ -29,37 +22,6 @@ def test_1f1b_order_and_bubble_fraction():
         ops, bubbles = simulate(one_f_one_b(stages, microbatches), [1.0] * stages, [2.0] * stages)
         assert bubble_fraction(ops, bubbles) == pytest.approx((stages - 1) / (microbatches + stages - 1))
         assert all(b.length > 0 for b in bubbles)
-
-
-def _same(a: FillTrial, b: FillTrial) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
-
-
-def _alone(steps: int) -> FillTrial:
-    return train_alone(SPEC, steps)
-
-
-def test_fill_paused_and_resumed_across_bubbles_trains_exactly_as_alone():
-    gate = BubbleGate()
-    trial = FillTrial(SPEC, gate)
-    trainer = threading.Thread(target=trial.train, args=(8,))
-    trainer.start()
-    bubbles = 0
-    while trial.completed_steps < 8 and bubbles < 5000:
-        # Bubbles open 1 ms, shorter than a step, so steps are split over several. The prediction is generous
-        # (50 ms) so that a unit slowed by a loaded machine still fits: the test is about exact pausing, not
-        # about the fit rule (tested below), and a unit that never fits would wait forever.
-        gate.bubble_started(0, 0.05, 0)
-        time.sleep(0.001)
-        gate.bubble_ended(0)
-        time.sleep(0.001)
-        bubbles += 1
-    if trial.completed_steps < 8:
-        gate.abort()
-    trainer.join(timeout=60)
-    assert not trainer.is_alive()
-    assert trial.completed_steps == 8 and bubbles > 8  # it really paused between layers
-    assert _same(trial, _alone(8))
 
 
 def test_gate_blocks_outside_bubbles_and_respects_the_predicted_length():
@@ -93,55 +55,159 @@ def test_gate_blocks_outside_bubbles_and_respects_the_predicted_length():
         gate.wait_for(0.0)
 
 
-def _bubbles_until(gate: BubbleGate, done, tries: int = 5000) -> None:
-    """Open 10 ms bubbles, one after another, until ``done()``."""
-    for _ in range(tries):
-        if done():
-            return
+def test_a_unit_longer_than_every_bubble_is_reported_instead_of_waiting_forever():
+    gate = BubbleGate(max_skipped=20)
+    errors = []
+    waiter = threading.Thread(target=lambda: _catch(lambda: gate.wait_for(0.5, "B:layers.0"), errors))
+    waiter.start()
+    for _ in range(200):  # 20 bubbles predicted 10 ms: the 500 ms unit fits none
+        if not waiter.is_alive():
+            break
         gate.bubble_started(0, 0.01, 0)
-        time.sleep(0.01)
+        time.sleep(0.002)
         gate.bubble_ended(0)
+    waiter.join(timeout=5)
+    assert len(errors) == 1 and isinstance(errors[0], UnitNeverFits)
+    assert "'B:layers.0' takes 500.00 ms" in str(errors[0]) and "at most 10.00 ms" in str(errors[0])
 
 
-def test_stopping_mid_step_keeps_every_completed_step_and_resumes_exactly():
+def _catch(fn, errors: list) -> None:
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001 - the test inspects it
+        errors.append(error)
+
+
+class Bubbles:
+    """Opens bubbles (``length_s`` each, predicted generously) in a thread until stopped; ``pause()`` waits for
+    the open bubble to end and opens no more until ``resume()``."""
+
+    def __init__(self, gate: BubbleGate, length_s: float = 0.004, predicted_s: float = 0.05) -> None:
+        self.gate, self.stop = gate, threading.Event()
+        self.count = 0
+        self.lock = threading.Lock()  # held while a bubble is open, and while paused
+        self.thread = threading.Thread(target=self._run, args=(length_s, predicted_s), daemon=True)
+        self.thread.start()
+
+    def _run(self, length_s: float, predicted_s: float) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                self.gate.bubble_started(0, predicted_s, 0)
+                time.sleep(length_s)
+                self.gate.bubble_ended(0)
+            time.sleep(0.001)
+            self.count += 1
+
+    def pause(self) -> None:
+        self.lock.acquire()
+
+    def resume(self) -> None:
+        self.lock.release()
+
+    def end(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _decide_all(fill: FillProcess, epochs: int, keep=lambda result: result.member_ids) -> list:
+    """Decide every epoch result until ``epochs``: returns the (result, state) of each."""
+    decided = []
+    deadline = time.monotonic() + 300
+    while len(decided) < epochs and time.monotonic() < deadline:
+        result = fill.poll()["result"]
+        if result is None:
+            time.sleep(0.01)
+            continue
+        decided.append((result, fill.decide(keep(result))))
+    return decided
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_fill_process_trains_a_tunespec_trial_in_bubbles_exactly_as_alone_and_continues_from_its_state():
+    tune_spec, trial_plan = spec(epochs=3), plan()
     gate = BubbleGate()
-    trial = FillTrial(SPEC, gate)
-    finished = []
-    trainer = threading.Thread(target=lambda: finished.append(trial.train(100)))
-    trainer.start()
-    _bubbles_until(gate, lambda: trial.completed_steps >= 3)
-    gate.abort()  # aborts the step in flight at a layer boundary
-    trainer.join()
-    assert finished == [False]
-    checkpoint = trial.checkpoint()
-    done = checkpoint["completed_steps"]
-    assert done >= 3 and _same(trial, _alone(done))
-    resumed = FillTrial.from_checkpoint(checkpoint)
-    for _ in range(4):
-        resumed.step()
-    assert _same(resumed, _alone(done + 4))
+    bubbles = Bubbles(gate)
+    try:
+        fill = FillProcess(gate, None, workload=workload(tune_spec), plan=trial_plan, member_ids=MEMBER_IDS)
+        assert fill.member_ids == MEMBER_IDS
+        # Epoch 1: every member goes on; epoch 2: m1 stops (as a per-member stopping rule would say).
+        decided = _decide_all(fill, 2, keep=lambda r: [m for m in r.member_ids if r.epoch < 2 or m != "m1"])
+        assert [r.epoch for r, _ in decided] == [1, 2]
+        assert decided[1][1]["trial"]["member_ids"] == ["m0", "m2"]
+        while fill.completed_steps < 23:  # 3 steps into epoch 3 (10 steps per epoch): stop mid-epoch
+            time.sleep(0.005)
+        state = fill.stop()
+    finally:
+        bubbles.end()
+    assert bubbles.count > fill.completed_steps  # it really waited for bubbles between layers
+    alone = train_alone(tune_spec, trial_plan, 2)
+    first, second = (r for r, _ in decided)
+    expected = [alone_metrics for alone_metrics in _alone_epoch_metrics(tune_spec, trial_plan, 2)]
+    assert first.metrics == expected[0] and second.metrics == expected[1]  # every metric, bit for bit
+    assert same_members(decided[1][1], alone)
+    assert state["trial"]["epoch"] == 2 and state["trial"]["step"] >= 3 and state["pending"] is None
+    # Continue from the mid-epoch state in a new process, ungated: ends exactly as alone with m1 stopped.
+    fill = FillProcess(BubbleGate(always_open=True), None, workload=workload(tune_spec), plan=trial_plan, state=state,
+                       idle=False)
+    (last, final), = _decide_all(fill, 1)
+    alone.keep([0, 2])
+    alone.run_epoch()
+    assert last.epoch == 3 and last.member_ids == ["m0", "m2"] and same_members(final, alone)
+    assert fill.poll()["finished"]
+    assert fill.stop()["trial"]["epoch"] == 3
 
 
-def test_fill_process_trains_exactly_as_alone_and_snapshots_at_step_boundaries():
+def _alone_epoch_metrics(tune_spec, trial_plan, epochs: int) -> list[dict]:
+    torch.set_num_threads(1)
+    from hydro.trial.unit import FusedTrial
+
+    trial = FusedTrial(tune_spec, trial_plan, tune_spec.load_data())
+    return [{k: [float(v) for v in values] for k, values in trial.run_epoch().items()} for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("fault, cause", [("raise", "ZeroDivisionError: fault injected"), ("kill", "SIGKILL"),
+                                          ("hang", "has run for more than 2 s: the fill trial hangs")])
+def test_a_failing_fill_process_is_contained_and_reported_with_its_cause(fault, cause):
     gate = BubbleGate()
-    fill = FillProcess(gate, None, spec=SPEC, steps=100, idle=False, snapshot_every=2)
-    assert fill.num_members == 3
-    _bubbles_until(gate, lambda: fill.completed_steps >= 4)
-    status = fill.status()
-    snapshot = status["snapshot"]
-    assert snapshot["completed_steps"] % 2 == 0 and snapshot["completed_steps"] >= 2
-    assert len(status["losses"]) == 3 and status["member_ids"] == [0, 1, 2]
-    assert _same(FillTrial.from_checkpoint(snapshot), _alone(snapshot["completed_steps"]))
-    assert [done for done, _ in status["snapshot_losses"]] == list(range(2, snapshot["completed_steps"] + 1, 2))
-    later = fill.status(since=snapshot["completed_steps"])  # only what came after: no snapshot resent
-    assert all(done > snapshot["completed_steps"] for done, _ in later["snapshot_losses"])
-    assert later["snapshot"] is None or later["snapshot"]["completed_steps"] > snapshot["completed_steps"]
-    assert fill.activity() and all(start <= end for start, end in fill.activity())
-    checkpoint = fill.stop()
-    assert checkpoint["completed_steps"] >= 4
-    assert _same(FillTrial.from_checkpoint(checkpoint), _alone(checkpoint["completed_steps"]))
+    bubbles = Bubbles(gate)
+    try:
+        fill = FillProcess(gate, None, workload=workload(spec(fault=fault, at=15)), plan=plan(),
+                           member_ids=MEMBER_IDS, idle=False, unit_timeout_s=2)
+        while fill.poll()["result"] is None:  # the first epoch (10 loss calls + evaluation) is fine
+            time.sleep(0.01)
+        bubbles.pause()  # the fault (in epoch 2) waits for bubbles: the decision's answer arrives first
+        state = fill.decide(MEMBER_IDS)
+        bubbles.resume()
+        assert same_members(state, train_alone(spec(), plan(), 1))  # the last state to move on from
+        deadline = time.monotonic() + 60
+        with pytest.raises(FillFailed, match=cause):
+            while time.monotonic() < deadline:
+                fill.poll()
+                time.sleep(0.05)
+        assert not fill._process.is_alive()
+        with pytest.raises(FillFailed, match=cause):  # every later request says the same, at once
+            fill.stop()
+    finally:
+        bubbles.end()
+    gate.bubble_started(0, 1.0, 0)  # the stage's side of the gate still works (never blocks)
+    gate.bubble_ended(0)
 
 
-def test_fill_process_failure_is_raised_with_the_childs_traceback():
-    with pytest.raises(FillProcessError, match="NoSuchModel"):
-        FillProcess(BubbleGate(), None, spec=FillSpec(configs=[{"lr": 0.1}], model="NoSuchModel"))
+def test_a_fill_that_does_not_fit_at_all_is_refused_and_a_partial_fit_trains_fewer_members():
+    with pytest.raises(FillTooLarge, match=r"more than the 0.0 MiB its host can spare"):
+        FillProcess(BubbleGate(), None, workload=workload(spec()), plan=plan(), member_ids=MEMBER_IDS,
+                    memory_budget_bytes=1000)
+    from hydro.bubbles.fit import member_bytes, members_that_fit
+
+    tune_spec = spec()
+    data = tune_spec.load_data()
+    one = member_bytes(tune_spec, plan().members[0][1], 1, False, data)
+    assert members_that_fit(tune_spec, plan().members[0][1], 1, False, data, 3, one) == 1  # two need more
+    assert members_that_fit(tune_spec, plan().members[0][1], 1, False, data, 3, one * 100) == 3

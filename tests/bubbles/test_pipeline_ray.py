@@ -1,84 +1,108 @@
-"""A real 2-stage 1F1B pipeline on a local Ray cluster: bubbles reported, fill trials exact and kept."""
+"""A real 2-stage 1F1B pipeline on a local Ray cluster: bubbles reported; Hydro fill trials exact and kept;
+a fill that raises, is SIGKILLed or hangs never harms the main job."""
+import math
+
 import pytest
+import ray
 import torch
 
-from hydro.bubbles import FillSpec, FillTrial, PipelineSpec
-from hydro.bubbles.fill import FillTooLarge
-from hydro.tune.pipeline_job import PipelineJob
-from tests.bubbles.alone import same_state, train_alone, train_unsplit
+from hydro.bubbles import FillTooLarge, PipelineSpec, SlotMode
+from hydro.tune.pipeline_job import PipelineJob, process_group_backend
+from tests.bubbles.workload import plan, same_members, spec, train_alone
+from tests.bubbles.alone import train_unsplit
 
 SPEC = PipelineSpec(width=128, depth=6, microbatches=4, microbatch_size=16)
-FILL = FillSpec(configs=[{"lr": 0.1, "momentum": 0.9}, {"lr": 0.02}])
+TIMEOUTS = {"unit_timeout_s": 3.0, "answer_timeout_s": 10.0}
 
 
 @pytest.fixture(scope="module")
 def job(ray_cluster):
-    job = PipelineJob(SPEC, num_stages=2, num_cpus_per_stage=0.5)  # leaves room for a second job
+    job = PipelineJob(SPEC, num_stages=2, num_cpus_per_stage=0.5, timeouts=TIMEOUTS)  # leaves room for a second job
     job.profile(2)
     yield job
 
 
-def _run_until_filled(job: PipelineJob, stage: int) -> list[dict]:
-    """Run the job until the fill trial of ``stage`` has completed a step (an idle-policy fill process gets
-    little of a busy test machine's bubbles)."""
-    reports = job.run(6)
-    for _ in range(100):
-        if job.fill_status(stage)["completed_steps"] > 0:
-            break
-        reports = job.run(6)
-    return reports
+def _run_until(job: PipelineJob, stage: int, done, rounds: int = 400) -> tuple[list[list[dict]], dict | None]:
+    """Run the job (6 iterations at a time) until ``done(fill_status)``; returns every report and that status."""
+    reports = []
+    for _ in range(rounds):
+        reports.append(job.run(6))
+        status = job.fill_status(stage)
+        if done(status):
+            return reports, status
+    raise AssertionError(f"the fill of stage {stage} did not get there in {rounds} rounds")
 
 
 def test_pipeline_trains_like_the_unsplit_model_and_reports_its_bubbles(job):
     reports = job.run(3)
+    assert process_group_backend(torch.device("cpu")) == "gloo" and process_group_backend(torch.device("cuda")) == "nccl"
     # Every wait for an activation (last stage) or a gradient (first stage) is a reported bubble.
     assert [len(r["bubbles"]) for r in reports] == [3 * SPEC.microbatches] * 2
     for r in reports:
         assert all(b["length"] >= 0 and b["predicted_s"] >= 0 and b["free_bytes"] > 0 for b in r["bubbles"])
         assert sum(b["length"] for b in r["bubbles"]) > 0
         assert [o["label"] for o in r["ops"]].count("F0") == 3
-    # The last stage's first wait of each iteration covers the first stage's forwards: predicted > 0.
     assert reports[1]["bubbles"][0]["predicted_s"] > 0
     # Same training as the unsplit model with microbatch gradient accumulation (5 iterations so far).
     model = train_unsplit(SPEC, 5)
-    import ray
-
     stage_weights = ray.get([s.weights.remote() for s in job.stages])
-    expected = list(model.state_dict().values())
     actual = [t for w in stage_weights for t in w.values()]
-    for a, e in zip(actual, expected):
+    for a, e in zip(actual, model.state_dict().values()):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
 
 
-def test_gated_fill_trains_exactly_as_alone_and_survives_detaching(job):
-    assert job.attach_fill(0, FILL, mode="gated") == 2
-    reports = _run_until_filled(job, 0)
-    assert "fill_steps" in reports[0] and "fill_steps" not in reports[1]  # stage 1 hosts nothing
-    checkpoint = job.detach_fill(0)  # the stage leaves mid-fill: completed steps are kept
-    done = checkpoint["completed_steps"]
-    alone = train_alone(FILL, done)
-    assert same_state(checkpoint["model"], alone)
-    moved = FillTrial.from_checkpoint(checkpoint)  # continues elsewhere exactly
-    for _ in range(3):
-        moved.step()
-    for _ in range(3):
-        alone.step()
-    assert all(torch.equal(a, b) for a, b in zip(moved.model.state_dict().values(), alone.model.state_dict().values()))
+def test_gated_fill_trains_a_tunespec_trial_exactly_as_alone_and_survives_detaching(job):
+    assert job.attach_fill(0, spec(), plan(), SlotMode.GATED) == ["m0", "m1", "m2"]
+    reports, _ = _run_until(job, 0, lambda status: status["result"] is not None)
+    assert "fill_steps" in reports[-1][0] and "fill_steps" not in reports[-1][1]  # stage 1 hosts nothing
+    result = job.fill_status(0)["result"]
+    assert result.epoch == 1
+    state = ray.get(job.stages[0].fill_decide.remote(["m0", "m2"]))["state"]  # m1 stops after epoch 1
+    assert same_members(state, train_alone(spec(), plan(), 1))
+    moved = job.detach_fill(0)["state"]  # the stage leaves mid-fill: completed steps are kept
+    assert moved["trial"]["member_ids"] == ["m0", "m2"] and moved["trial"]["epoch"] == 1
+
+
+def test_a_fill_that_raises_crashes_or_hangs_never_harms_the_main_job(job):
+    """Three fills fail in turn on stage 1 (raise, SIGKILL, hang); each is detached and reported with its cause,
+    the stage hosts the next; the main job's losses stay bit-identical to the same job run alone."""
+    losses = []
+    for fault, cause in [("raise", "ZeroDivisionError: fault injected"), ("kill", "SIGKILL"),
+                         ("hang", "the fill trial hangs")]:
+        # Loss call 20 of the fill process: the memory fit measures F = 1, 2, 3 (3 calls each), then epoch 1's 10
+        # training steps; call 20 is epoch 1's evaluation, before any decision is asked for.
+        job.attach_fill(1, spec(fault=fault, at=20), plan(), SlotMode.GATED)
+        reports, status = _run_until(job, 1, lambda status: status is None or "failed" in status)
+        assert status is not None and cause in status["failed"], (cause, status)
+        losses += [loss for r in reports for loss in r[1]["losses"]]
+        assert all(len(r[1]["losses"]) == 6 for r in reports)  # every iteration completed
+    assert job.fill_status(1) is None  # the slot is free again
+    total = ray.get(job.stages[1].iteration.remote())
+    assert losses == _losses_alone(total)[-len(losses):]  # bit-identical to the job running alone
+
+
+def _losses_alone(iterations: int) -> list[float]:
+    """The last stage's losses of the first ``iterations`` iterations of the same job run alone."""
+    alone = PipelineJob(SPEC, num_stages=2, name="alone", num_cpus_per_stage=0.5)
+    try:
+        alone.profile(2)
+        return [math.nan, math.nan] + alone.run(iterations - 2)[1]["losses"]
+    finally:
+        alone.shutdown()
 
 
 def test_fill_too_large_for_the_stage_is_refused_with_the_numbers(ray_cluster):
     small = PipelineJob(SPEC, num_stages=2, name="small", fill_memory_bytes=1000, num_cpus_per_stage=0.5)
     try:
         with pytest.raises(FillTooLarge, match=r"stage 0: fill trial refused: .*MiB"):
-            small.attach_fill(0, FILL)
+            small.attach_fill(0, spec(), plan())
     finally:
         small.shutdown()
 
 
-def test_job_ending_mid_fill_hands_back_checkpoints(job):
-    job.attach_fill(1, FILL, mode="gated")
-    _run_until_filled(job, 1)
-    checkpoints = job.shutdown()
-    assert checkpoints[0] is None and checkpoints[1]["completed_steps"] > 0
-    alone = train_alone(FILL, checkpoints[1]["completed_steps"])
-    assert same_state(checkpoints[1]["model"], alone)
+def test_job_ending_mid_fill_hands_back_states(job):
+    job.attach_fill(1, spec(), plan(), SlotMode.GATED)
+    _run_until(job, 1, lambda status: status["result"] is not None)
+    ended = job.shutdown()
+    assert ended[0] is None and ended[1]["state"]["pending"].epoch == 1  # awaiting its decision: kept
+    assert same_members(ended[1]["state"], train_alone(spec(), plan(), 1))

@@ -54,7 +54,7 @@ def test_the_placement_service_hands_back_checkpoints_of_ended_jobs_and_drops_lo
     assert service.place("a", MiB) == {"slot": "llm/1", "host": "host/1", "mode": "gated"}
     assert service.place("b", MiB)["slot"] == "llm/0"
     # b is promoted while still running in its bubble: its old slot stays taken until it has left.
-    assert service.promote("b", rung=2) == "gpu-7" and service.assignment("b")["mode"] == "dedicated"
+    assert service.promote("b", rung=2) == ["gpu-7"] and service.assignment("b")["mode"] == "dedicated"
     assert service.place("c", MiB) is None
     service.left("llm/0")
     assert service.place("c", MiB)["slot"] == "llm/0"

@@ -1,0 +1,84 @@
+"""``LayerGate``: the fused-trial gate that holds a :class:`~hydro.trial.unit.FusedTrial` at layer boundaries
+until its :class:`~hydro.bubbles.gate.BubbleGate` has a bubble long enough for the next unit of work.
+
+Units: every leaf module's forward, every leaf module's backward (a hook on its output's gradient) and each
+optimizer step. Each unit is timed in this thread's CPU time (wall time would count the preemptions of an
+idle-policy fill as layer cost); the unit's smoothed cost is what it asks the bubble for.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from hydro.trial.unit import FusedTrial, Gate
+
+from .gate import BubbleGate
+
+
+class LayerGate(Gate):
+    """Gates ``trial``'s units on ``bubbles``. ``compute_s``: CPU seconds spent in units; ``activity``: recent
+    wall-clock ``(start, end)`` of units; ``unit_started``: ``time.monotonic()`` when the unit in progress
+    started (0 while waiting at the gate), also passed to ``on_unit`` — a watchdog's view of a hung unit."""
+
+    def __init__(self, bubbles: BubbleGate, on_unit: Callable[[float], None] | None = None) -> None:
+        self.bubbles, self.on_unit = bubbles, on_unit
+        self.compute_s = 0.0
+        self.activity: deque[tuple[float, float]] = deque(maxlen=4096)
+        self.layer_cost: dict[str, float] = {}
+        self.unit_started = 0.0
+        self.timed = False  # costs are learned once the first step (one-off set-up) is over
+        self._current: tuple[str, float, float] | None = None  # unit, CPU and wall-clock start
+        self._handles: list = []
+
+    def attach(self, trial: FusedTrial) -> None:
+        for module in trial.modules():
+            for name, layer in module.named_modules():
+                if not list(layer.children()):
+                    self._handles.append(layer.register_forward_pre_hook(
+                        lambda m, a, name=name: self.boundary("F:" + name)))
+                    self._handles.append(layer.register_forward_hook(
+                        lambda m, a, out, name=name: self._hook_backward(out, "B:" + name)))
+        for optimizer in trial.members.optimizers():
+            self._handles.append(optimizer.register_step_pre_hook(lambda o, a, k: self.boundary("optimizer")))
+            self._handles.append(optimizer.register_step_post_hook(lambda o, a, k: self.step_done()))
+
+    def detach(self, trial: FusedTrial) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def step_done(self) -> None:
+        """Close the unit in progress (the end of an optimizer step, or work dropped by an abort)."""
+        self.boundary(None)
+        self.timed = True
+
+    def _started(self, when: float) -> None:
+        self.unit_started = when
+        if self.on_unit is not None:
+            self.on_unit(when)
+
+    def _hook_backward(self, output, unit: str) -> None:
+        first = output[0] if isinstance(output, tuple) else output
+        if isinstance(first, torch.Tensor) and first.requires_grad:
+            first.register_hook(lambda grad: self.boundary(unit))
+
+    def boundary(self, unit: str | None) -> None:
+        """Close the timing of the unit that just ran; wait for room in a bubble for ``unit`` (``None``: none)."""
+        now, wall = time.thread_time(), time.time()
+        if self._current is not None:
+            name, start, wall_start = self._current
+            self.compute_s += now - start
+            self.activity.append((wall_start, wall))
+            if self.timed:
+                previous = self.layer_cost.get(name)
+                self.layer_cost[name] = now - start if previous is None else 0.7 * previous + 0.3 * (now - start)
+            self._current = None
+        self._started(0.0)
+        if unit is None:
+            return
+        self.bubbles.wait_for(self.layer_cost.get(unit, 0.0), unit)
+        self._started(time.monotonic())
+        self._current = (unit, time.thread_time(), time.time())

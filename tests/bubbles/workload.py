@@ -1,0 +1,79 @@
+"""The fill trials' workload: a user TuneSpec (a digits MLP, plain torch SGD), a loss that can fail on
+purpose (raise, SIGKILL or hang at its n-th call in a process), and the same trial trained alone."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hydro.trial.plan import TrialKind, TrialPlan
+from hydro.trial.spec import TuneSpec, accuracy
+from hydro.trial.unit import FusedTrial
+from tests.tune.workload import mlp, sgd, small_digits
+
+CONFIGS = [("m0", {"lr": 0.1, "momentum": 0.9}), ("m1", {"lr": 0.02, "momentum": 0.0}),
+           ("m2", {"lr": 0.05, "momentum": 0.9})]
+_calls = [0]
+
+
+@dataclass
+class FaultyLoss:
+    """Cross-entropy, except that its ``at``-th call in a process does ``fault``: ``"raise"``, ``"kill"``
+    (SIGKILL itself, like the OOM killer) or ``"hang"``."""
+
+    fault: str | None = None
+    at: int = 0
+
+    def __call__(self, output, target):
+        _calls[0] += 1
+        if self.fault and _calls[0] == self.at:
+            if self.fault == "raise":
+                raise ZeroDivisionError("fault injected by the test's loss")
+            if self.fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.fault == "hang":
+                time.sleep(3600)
+        return nn.functional.cross_entropy(output, target)
+
+
+def spec(epochs: int = 3, fault: str | None = None, at: int = 0, **overrides) -> TuneSpec:
+    fields = dict(model=mlp, data=small_digits, loss=FaultyLoss(fault, at), optimizer=sgd, metric="val_acc",
+                  mode="max", metrics={"val_acc": accuracy}, epochs=epochs, batch_size=32)
+    return TuneSpec(**{**fields, **overrides})
+
+
+def plan(members=CONFIGS, scale: int = 1) -> TrialPlan:
+    return TrialPlan(TrialKind.SURROGATE, [(m, dict(c)) for m, c in members], scale, scale > 1)
+
+
+def workload(tune_spec: TuneSpec) -> bytes:
+    return pickle.dumps(tune_spec)
+
+
+def train_alone(tune_spec: TuneSpec, trial_plan: TrialPlan, epochs: int, member_ids=None) -> FusedTrial:
+    """The trial trained alone, single-threaded like a fill process (bit-comparable kernels)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trial = FusedTrial(tune_spec, trial_plan, tune_spec.load_data(), member_ids=member_ids)
+        for _ in range(epochs):
+            trial.run_epoch()
+        return trial
+    finally:
+        torch.set_num_threads(threads)
+
+
+def same_members(state: dict, alone: FusedTrial) -> bool:
+    """A fill state's member weights equal ``alone``'s (for the members the state holds) bit for bit."""
+    ids = list(state["trial"]["member_ids"])
+    expected = FusedTrial(alone.spec, alone.plan, alone.data, member_ids=alone.member_ids)
+    expected.load_state_dict(alone.state_dict())
+    expected.keep([alone.member_ids.index(m) for m in ids])
+    mine, theirs = state["trial"]["members"]["modules"], expected.members.state_dict()["modules"]
+    return all(torch.equal(a, b) for m, e in zip(mine, theirs, strict=True)
+               for a, b in zip(m.values(), e.values(), strict=True))
