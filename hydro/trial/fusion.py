@@ -7,7 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping
 
 from hydro.planning import plan_fusion
-from hydro.trial.spec import Batch, TuneSpec
+from hydro.trial.data import DataSource
+from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
 
 logger = logging.getLogger(__name__)
@@ -39,14 +40,15 @@ class MeasuredFusion(FusionPlanner):
     """F measured with :func:`hydro.planning.plan_fusion` on this process's device: fused training steps of
     the group's (shrunk) model on one batch of ``data``'s training split, with ``threads`` torch threads."""
 
-    def __init__(self, spec: TuneSpec, scale: int, data: tuple[Batch, Batch], max_members: int, threads: int) -> None:
+    def __init__(self, spec: TuneSpec, scale: int, data: tuple[DataSource, DataSource], max_members: int,
+                 threads: int) -> None:
         self.spec, self.scale, self.data, self.max_members, self.threads = spec, scale, data, max_members, threads
 
     def fusion_for(self, key: Hashable, config: Mapping) -> int:
-        (x, y), _ = self.data
         size = self.spec.batch_size_of(config)
+        x, y = self.data[0].sample(size)
         template = build_member(self.spec.model, config, self.scale)  # one shrink; plan_fusion only times steps,
-        plan = plan_fusion(lambda: copy.deepcopy(template), (x[:size], y[:size]), self.spec.loss,  # initial values
+        plan = plan_fusion(lambda: copy.deepcopy(template), (x, y), self.spec.loss,  # initial values
                            max_members=self.max_members, steps=PLAN_STEPS, threads=self.threads)  # do not matter
         logger.info("plan_fusion for group %s: F=%d (%s)", key, plan.num_members, plan.reason)
         return plan.num_members

@@ -67,9 +67,10 @@ class FusedMembers(Members):
     fused = True
 
     def __init__(self, spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int,
-                 mup: bool = False) -> None:
+                 mup: bool = False, device: torch.device | str = "cpu") -> None:
         self.member_ids = list(member_ids)
-        self.model = hydro.fuse(_build(spec, configs, member_ids, scale, mup), leaf_modules=tuple(spec.leaf_modules))
+        self.model = hydro.fuse(_build(spec, configs, member_ids, scale, mup),
+                                leaf_modules=tuple(spec.leaf_modules)).to(device)
         self.optimizer = fused_optimizer(spec.optimizer, configs, self.model.parameters())
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -91,12 +92,13 @@ class LoopedMembers(Members):
 
     fused = False
 
-    def __init__(self, spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int) -> None:
+    def __init__(self, spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int,
+                 device: torch.device | str = "cpu") -> None:
         if scale != 1:
             raise ValueError(f"unfused members train full-size models only (scale=1), got scale={scale}: µP "
                              "surrogates need the fused hydro.optim optimizers")
         self.member_ids = list(member_ids)
-        self.models = _build(spec, configs, member_ids, scale, mup=False)
+        self.models = [model.to(device) for model in _build(spec, configs, member_ids, scale, mup=False)]
         self.opts = [spec.optimizer(m.parameters(), c) for m, c in zip(self.models, configs)]
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -115,19 +117,20 @@ class LoopedMembers(Members):
 
 
 def build_members(spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int, *,
-                  fuse: bool, mup: bool = False) -> tuple[Members, str | None]:
-    """The members as one unit, and the reason when fusion was asked for but fell back to unfused training
-    (only with ``spec.fallback_unfused``; otherwise the fusion error is raised). µP members (``mup``, or
-    ``scale > 1``) are always fused: ``hydro.optim`` applies their µP learning-rate multipliers."""
+                  fuse: bool, mup: bool = False, device: torch.device | str = "cpu") -> tuple[Members, str | None]:
+    """The members as one unit on ``device`` (initialised on the CPU, so alike on every device), and the reason
+    when fusion was asked for but fell back to unfused training (only with ``spec.fallback_unfused``;
+    otherwise the fusion error is raised). µP members (``mup``, or ``scale > 1``) are always fused:
+    ``hydro.optim`` applies their µP learning-rate multipliers."""
     if not fuse and not mup:
-        return LoopedMembers(spec, configs, member_ids, scale), None
+        return LoopedMembers(spec, configs, member_ids, scale, device), None
     try:
-        return FusedMembers(spec, configs, member_ids, scale, mup), None
+        return FusedMembers(spec, configs, member_ids, scale, mup, device), None
     except (FuseError, UnsupportedOptimizer) as error:
         if not spec.fallback_unfused or mup or scale > 1:
             raise type(error)(f"{error}. Or set TuneSpec(fallback_unfused=True) to train these members unfused "
                               f"(full size only)") from error
-        return LoopedMembers(spec, configs, member_ids, scale), f"{type(error).__name__}: {error}"
+        return LoopedMembers(spec, configs, member_ids, scale, device), f"{type(error).__name__}: {error}"
 
 
 def _build(spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int, mup: bool) -> list:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-Batch = tuple[Tensor, Tensor]
+from hydro.trial.data import Batch, DataSource, as_source
+
 MetricFn = Callable[[Tensor, Tensor], Tensor]
 
 TRAIN_LOSS, VAL_LOSS = "train_loss", "val_loss"
@@ -23,7 +24,9 @@ class TuneSpec:
     """A workload written as plain torch, for one model and one configuration (a dict).
 
     - ``model(config) -> nn.Module``: the full-size model (Hydro shrinks and fuses it; no edits needed).
-    - ``data() -> (train, val)``: each ``(inputs [N, ...], targets [N, ...])`` or an object with ``.x``/``.y``.
+    - ``data() -> (train, val)``: each ``(inputs [N, ...], targets [N, ...])`` tensors or an object with
+      ``.x``/``.y`` (the fast path: moved to the trial's device once), a map-style or iterable torch ``Dataset``
+      of ``(input, target)`` samples, or a :class:`~hydro.trial.data.LoaderFactory` (your own ``DataLoader``).
     - ``loss``: a torch loss of one model's output and the targets, reduced to a scalar.
     - ``optimizer(params, config) -> torch.optim.Optimizer``: e.g. ``torch.optim.SGD(params, lr=config["lr"])``.
     - ``metrics``: extra validation metrics ``fn(output [N, ...], target) -> scalar`` (``val_loss`` is always
@@ -38,6 +41,9 @@ class TuneSpec:
     - ``seed``: seeds every member's initialisation and the order of the training batches.
     - ``checkpoint_every``: epochs between a trial's checkpoints (the last epoch always checkpoints); a
       retried or restored trial replays at most ``checkpoint_every - 1`` epochs.
+    - ``device``: where a trial trains its members, batches and targets: ``"auto"`` (the GPU Ray assigned the
+      trial, see ``gpus_per_trial``; else the CPU), ``"cpu"``, ``"cuda"``.
+    - ``data_workers``: ``DataLoader`` worker processes per trial for ``Dataset`` splits (0: in the trial).
     """
 
     model: Callable[[Mapping], nn.Module]
@@ -54,6 +60,8 @@ class TuneSpec:
     fallback_unfused: bool = False
     seed: int = 0
     checkpoint_every: int = 5
+    device: str = "auto"
+    data_workers: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in ("min", "max"):
@@ -62,6 +70,14 @@ class TuneSpec:
             raise ValueError(f"TuneSpec.epochs must be >= 1, got {self.epochs}")
         if self.checkpoint_every < 1:
             raise ValueError(f"TuneSpec.checkpoint_every must be >= 1 (epochs), got {self.checkpoint_every}")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except RuntimeError as error:
+                raise ValueError(f"TuneSpec.device must be 'auto' or a torch device ('cpu', 'cuda', 'cuda:1'), "
+                                 f"got {self.device!r}") from error
+        if self.data_workers < 0:
+            raise ValueError(f"TuneSpec.data_workers must be >= 0 (DataLoader worker processes), got {self.data_workers}")
         if self.metric not in self.metric_names():
             raise ValueError(f"TuneSpec.metric {self.metric!r} is not reported; the reported metrics are "
                              f"{self.metric_names()} (add it to TuneSpec.metrics)")
@@ -81,18 +97,10 @@ class TuneSpec:
         """Whether metric value ``a`` is strictly better than ``b`` under ``mode``."""
         return a > b if self.mode == "max" else a < b
 
-    def load_data(self) -> tuple[Batch, Batch]:
-        """``(train, val)`` as ``((x, y), (x, y))`` tensors."""
+    def load_data(self) -> tuple[DataSource, DataSource]:
+        """``(train, val)`` of ``data()`` as batch sources (see :mod:`hydro.trial.data`)."""
         loaded = self.data()
         if not isinstance(loaded, (tuple, list)) or len(loaded) < 2:
-            raise ValueError("TuneSpec.data() must return (train, val), each (inputs, targets) or with .x/.y")
-        return _as_batch(loaded[0], "train"), _as_batch(loaded[1], "val")
-
-
-def _as_batch(split, name: str) -> Batch:
-    if hasattr(split, "x") and hasattr(split, "y"):
-        return split.x, split.y
-    if isinstance(split, (tuple, list)) and len(split) == 2:
-        return split[0], split[1]
-    raise ValueError(f"TuneSpec.data(): the {name} split must be (inputs, targets) or have .x/.y, "
-                     f"got {type(split).__name__}")
+            raise ValueError("TuneSpec.data() must return (train, val), each (inputs, targets) tensors, an object "
+                             "with .x/.y, a torch Dataset or a LoaderFactory")
+        return as_source(loaded[0], "train", self.data_workers), as_source(loaded[1], "val", self.data_workers)

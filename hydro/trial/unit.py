@@ -3,26 +3,31 @@
 Everything that trains Hydro's trials runs this unit — the Ray Tune trainable, a fill trial in a pipeline's
 bubbles, energy measurement — so a trial trains the same way wherever it runs and its checkpoint continues
 anywhere. The members are built (shrunk to µP surrogates when ``scale > 1``), fused with one translated
-optimizer (or looped, unfused, for plain trials), and trained on batches shared by all members whose order is
-a function of (``spec.seed``, epoch) alone: a trial restored from a checkpoint taken after any step replays
-exactly what it would have trained.
+optimizer (or looped, unfused, for plain trials), moved to the trial's device (``TuneSpec.device``), and
+trained on batches shared by all members whose order is a function of (``spec.seed``, epoch) alone
+(:mod:`hydro.trial.data`): a trial restored from a checkpoint taken after any step replays exactly what it
+would have trained.
 
 Attachments: *gates* can hold the trial between layers (the bubble squeezer's layer-boundary hooks),
 *observers* see every step and epoch (energy windows, progress).
 """
 from __future__ import annotations
 
-import math
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from hydro.loss import trial_losses
+from hydro.trial.data import EVAL_BATCH, Batch, DataSource, as_source, batch_order
+from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
 from hydro.trial.plan import TrialPlan
-from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS, Batch, TuneSpec
+from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS, TuneSpec
+
+__all__ = ["FusedTrial", "Gate", "Observer", "batch_order"]
 
 
 class Gate(ABC):
@@ -47,32 +52,35 @@ class Observer:
         """After each epoch's evaluation; ``metrics``: name -> per-member values ``[F]``."""
 
 
-def batch_order(seed: int, epoch: int, size: int) -> Tensor:
-    """Sample order of ``epoch`` (1-based) over a split of ``size`` samples: a function of (seed, epoch)."""
-    return torch.randperm(size, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-
-
 class FusedTrial:
     """The members of one trial (``plan.members``, or the ``member_ids`` still training after a restore) and
-    their training on ``data`` = ``(train, val)`` tensors ``([N, ...], [N, ...])``.
+    their training on ``data`` = ``(train, val)``, each a split as ``TuneSpec.data()`` may return it (tensors
+    ``([N, ...], [N, ...])``, a ``Dataset``, ...) or a :class:`~hydro.trial.data.DataSource`.
 
+    ``device``: where members, batches and targets live (default: ``TuneSpec.device`` resolved here).
     ``epoch``: completed epochs; ``step``: batches done of the epoch in progress. ``fallback``: why fusion fell
-    back to unfused training (``TuneSpec.fallback_unfused``), else ``None``.
+    back to unfused training (``TuneSpec.fallback_unfused``), else ``None``. ``data_wait_s``/``train_s``:
+    seconds spent waiting for training batches / in training steps (the wait included).
     """
 
-    def __init__(self, spec: TuneSpec, plan: TrialPlan, data: tuple[Batch, Batch], *,
-                 member_ids: Sequence[str] | None = None, gates: Sequence[Gate] = (),
-                 observers: Sequence[Observer] = ()) -> None:
+    def __init__(self, spec: TuneSpec, plan: TrialPlan, data: tuple, *, member_ids: Sequence[str] | None = None,
+                 gates: Sequence[Gate] = (), observers: Sequence[Observer] = (),
+                 device: torch.device | str | None = None) -> None:
         configs = dict(plan.members)
         ids = list(member_ids) if member_ids is not None else list(configs)
-        self.spec, self.plan, self.data = spec, plan, data
+        self.spec, self.plan = spec, plan
+        self.device = resolve_device(spec.device) if device is None else torch.device(device)
+        self.data: tuple[DataSource, DataSource] = tuple(
+            as_source(split, name, spec.data_workers).to(self.device) for split, name in zip(data, ("train", "val")))
         self.members: Members
         self.members, self.fallback = build_members(spec, [configs[m] for m in ids], ids, plan.scale,
-                                                    fuse=plan.fused, mup=plan.mup)
+                                                    fuse=plan.fused, mup=plan.mup, device=self.device)
         self.batch_size = spec.batch_size_of(configs[ids[0]])
         self.epoch, self.step = 0, 0
         self._loss_sum: Tensor | None = None  # [F], the epoch in progress
         self._seen = 0
+        self._batches: Iterator[Batch] | None = None  # the rest of the epoch in progress
+        self.data_wait_s = self.train_s = 0.0
         self.gates, self.observers = list(gates), list(observers)
         for gate in self.gates:
             gate.attach(self)
@@ -86,55 +94,72 @@ class FusedTrial:
         return self.members.fused
 
     @property
-    def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.data[0][1]) / self.batch_size)
+    def steps_per_epoch(self) -> int | None:
+        """Training batches per epoch (``None`` for an iterable dataset, known only once read)."""
+        return self.data[0].num_batches(self.batch_size)
 
     def modules(self) -> list[torch.nn.Module]:
         """The modules that train (one fused model, or one model per member when unfused)."""
         return self.members.modules()
 
-    def train_step(self) -> Tensor:
-        """Train one batch of the epoch in progress; returns the members' losses ``[F]``."""
-        (x, y), _ = self.data
+    def train_step(self) -> Tensor | None:
+        """Train the next batch of the epoch in progress; returns the members' losses ``[F]``, or ``None`` when
+        the epoch has no batch left (``train_epoch`` then closes it)."""
+        start = time.perf_counter()
+        if self._batches is None:
+            self._batches = self.data[0].train_batches(self.batch_size, self.spec.seed, self.epoch + 1, self.step,
+                                                       self.device)
+        batch = next(self._batches, None)
+        self.data_wait_s += time.perf_counter() - start
+        if batch is None:
+            return None
+        x, y = batch
         if self.step == 0:
             self.members.train(True)
-        index = batch_order(self.spec.seed, self.epoch + 1, len(y)).split(self.batch_size)[self.step]
         self.members.zero_grad()
-        losses = trial_losses(self.spec.loss, self.members(x[index]), y[index])  # [F]
+        losses = trial_losses(self.spec.loss, self.members(x), y)  # [F]
         losses.sum().backward()  # member i's gradient is exactly that of its own loss
         self.members.step()
         losses = losses.detach()
-        total = losses * len(index)
+        total = losses * len(y)
         self._loss_sum = total if self._loss_sum is None else self._loss_sum + total
-        self._seen += len(index)
+        self._seen += len(y)
         self.step += 1
+        self.train_s += time.perf_counter() - start
         for observer in self.observers:
             observer.on_step_end(self, losses)
         return losses
 
     def train_epoch(self) -> Tensor:
         """Finish the epoch in progress; the members' mean training loss over it ``[F]``."""
-        while self.step < self.steps_per_epoch:
-            self.train_step()
+        while self.train_step() is not None:
+            pass
+        if not self._seen:
+            raise ValueError(f"hydro.trial.unit: the training split gave no batch in epoch {self.epoch + 1}; "
+                             f"TuneSpec.data() must return a non-empty train split")
         mean = self._loss_sum / self._seen
-        self.epoch, self.step, self._loss_sum, self._seen = self.epoch + 1, 0, None, 0
+        self.epoch, self.step, self._loss_sum, self._seen, self._batches = self.epoch + 1, 0, None, 0, None
         return mean
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Tensor]:
         """``val_loss`` and every metric of ``spec.metrics`` per member, each ``[F]``: means over the
         validation split in chunks (weighted by chunk size, so exact for metrics that are means over samples)."""
-        _, (x, y) = self.data
         self.members.train(False)
         sums: dict[str, Tensor] = {}
-        for index in torch.arange(len(y)).split(max(self.batch_size, 256)):
-            output, target = self.members(x[index]), y[index]  # [F, n, ...], [n, ...]
+        count = 0
+        for x, target in self.data[1].eval_batches(max(self.batch_size, EVAL_BATCH), self.device):
+            output = self.members(x)  # [F, n, ...]
             values = {VAL_LOSS: trial_losses(self.spec.loss, output, target)}
             for name, fn in self.spec.metrics.items():
                 values[name] = torch.stack([torch.as_tensor(fn(out, target), dtype=torch.float64) for out in output])
             for name, value in values.items():
-                sums[name] = sums.get(name, 0) + value.double() * len(index)
-        return {name: total / len(y) for name, total in sums.items()}
+                sums[name] = sums.get(name, 0) + value.double() * len(target)
+            count += len(target)
+        if not count:
+            raise ValueError("hydro.trial.unit: the validation split gave no batch; TuneSpec.data() must return "
+                             "a non-empty val split")
+        return {name: total / count for name, total in sums.items()}
 
     def run_epoch(self) -> dict[str, Tensor]:
         """Train the rest of the epoch and evaluate: ``train_loss`` and the validation metrics, each ``[F]``."""
@@ -150,17 +175,25 @@ class FusedTrial:
             self._loss_sum = self._loss_sum[list(positions)]
 
     def state_dict(self) -> dict:
-        """Everything to continue elsewhere: members (weights, optimizer state), progress, torch's RNG state."""
+        """Everything to continue elsewhere (any device): members (weights, optimizer state), progress, torch's
+        RNG states."""
+        cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         return {"member_ids": self.member_ids, "members": self.members.state_dict(), "epoch": self.epoch,
-                "step": self.step, "loss_sum": self._loss_sum, "seen": self._seen, "torch_rng": torch.get_rng_state()}
+                "step": self.step, "loss_sum": self._loss_sum, "seen": self._seen, "torch_rng": torch.get_rng_state(),
+                "cuda_rng": cuda_rng}
 
     def load_state_dict(self, state: Mapping) -> None:
         if list(state["member_ids"]) != self.member_ids:
             raise ValueError(f"FusedTrial.load_state_dict: the checkpoint holds members {list(state['member_ids'])}, "
                              f"this trial {self.member_ids}; build it with member_ids=checkpoint['member_ids']")
         self.members.load_state_dict(state["members"])
-        self.epoch, self.step, self._loss_sum, self._seen = state["epoch"], state["step"], state["loss_sum"], state["seen"]
+        loss_sum = state["loss_sum"]
+        self.epoch, self.step, self._seen = state["epoch"], state["step"], state["seen"]
+        self._loss_sum = None if loss_sum is None else loss_sum.to(self.device)
+        self._batches = None
         torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
 
     def close(self) -> None:
         """Detach the gates."""

@@ -35,6 +35,8 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                         help="fraction of members finished before the full-size target trains")
     parser.add_argument("--address", help="Ray cluster address ('auto' or host:port); default: $RAY_ADDRESS "
                                           "(set inside 'ray job submit'), else an embedded local cluster")
+    parser.add_argument("--gpus-per-trial", type=float, default=0.0,
+                        help="GPUs per trial (fractions below 1 share a card); trials train on the GPU Ray gives them")
     parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                      scheduler=asha(spec) if args.scheduler == "asha" else None,
                      searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
                      transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
-                     seed=args.seed)
+                     seed=args.seed, gpus_per_trial=args.gpus_per_trial)
     elapsed = time.perf_counter() - start
     table = member_table(results, spec)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 80):

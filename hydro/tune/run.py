@@ -10,7 +10,7 @@ from ray.tune.search import Searcher
 from hydro.tune.results import write_results
 from hydro.tune.searcher import HydroSearcher
 from hydro.trial.spec import TuneSpec
-from hydro.tune.trainable import trainable
+from hydro.tune.trainable import trainable, trial_resources
 
 
 def asha(spec: TuneSpec) -> ASHAScheduler:
@@ -34,18 +34,20 @@ def trial_dirname(trial) -> str:
 def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, fusion: int | str = "auto",
         max_fusion: int = 64, scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
-        max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1
-        ) -> tuple[tune.ResultGrid, HydroSearcher]:
+        max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1,
+        cpus_per_trial: float = 1, gpus_per_trial: float = 0) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
-    table and best configuration written to its directory) and the searcher."""
+    table and best configuration written to its directory) and the searcher. ``cpus_per_trial``/
+    ``gpus_per_trial``: each trial's Ray resources (fractional GPUs share a card; see ``trainable``)."""
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    trial_resources(spec, cpus_per_trial, gpus_per_trial)  # bad resources fail before data loads
     data = spec.load_data()  # once, in the driver: the searcher plans fusion with it, trials get it from Ray
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale, fusion=fusion,
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data)
     tuner = tune.Tuner(
-        trainable(spec, data), param_space=param_space,
+        trainable(spec, data, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial), param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
                                     reuse_actors=True, max_concurrent_trials=max_concurrent_trials,
                                     trial_dirname_creator=trial_dirname),

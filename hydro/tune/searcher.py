@@ -24,7 +24,8 @@ from ray.tune.search.sample import Domain
 
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
-from hydro.trial.spec import Batch, TuneSpec
+from hydro.trial.data import DataSource
+from hydro.trial.spec import TuneSpec
 from hydro.tune.member_decisions import start_service
 from hydro.tune.member_rules import stopping_rule
 from hydro.tune.random_search import RandomSearch
@@ -67,7 +68,7 @@ class HydroSearcher(Searcher):
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int = 1,
                  fusion: int | str | FusionPlanner = "auto", max_fusion: int = 64,
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
-                 seed: int | None = None, data: tuple[Batch, Batch] | None = None, trial_cpus: int = 1) -> None:
+                 seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")

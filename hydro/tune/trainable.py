@@ -17,10 +17,13 @@ import os
 import tempfile
 from collections.abc import Callable
 
+import ray
 import torch
 from ray import tune
 
-from hydro.trial.spec import Batch, TuneSpec
+from hydro.trial.data import DataSource
+from hydro.trial.device import resolve_device
+from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.session import MemberSession
 
@@ -29,39 +32,60 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "hydro_trial.pt"
 
 
-def trainable(spec: TuneSpec, data: tuple[Batch, Batch] | None = None) -> Callable[[dict], None]:
+def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None, *, cpus_per_trial: float = 1,
+              gpus_per_trial: float = 0) -> Callable[[dict], None]:
     """A function trainable for ``tune.Tuner``/``tune.run``: Hydro trials when the config comes from a
     ``HydroSearcher``, one plain full-size unfused training otherwise (the stock Ray Tune baseline).
 
     ``data``: ``spec.load_data()`` already loaded by the driver; it is put in Ray's object store once
     (``tune.with_parameters``, so Ray must be initialised) instead of every trial loading it. Without it,
-    each trial calls ``spec.load_data()``."""
+    each trial calls ``spec.load_data()``. ``cpus_per_trial``/``gpus_per_trial``: each trial's Ray resources
+    (``tune.with_resources``; fractional GPUs below 1 share a card); with ``TuneSpec.device="auto"`` a trial
+    given a GPU trains on it."""
+    resources = trial_resources(spec, cpus_per_trial, gpus_per_trial)
     if data is None:
         def hydro_trial(config: dict) -> None:
             run_trial(spec, config)
 
-        return hydro_trial
+        function = hydro_trial
+    else:
+        def hydro_trial(config: dict, data: tuple[DataSource, DataSource]) -> None:  # the same name: restorable
+            run_trial(spec, config, data)                                           # either way
 
-    def hydro_trial(config: dict, data: tuple[Batch, Batch]) -> None:  # the same name: restorable either way
-        run_trial(spec, config, data)
-
-    return tune.with_parameters(hydro_trial, data=data)
+        function = tune.with_parameters(hydro_trial, data=data)
+    return function if resources == {"cpu": 1} else tune.with_resources(function, resources)
 
 
-def run_trial(spec: TuneSpec, config: dict, data: tuple[Batch, Batch] | None = None) -> None:
+def trial_resources(spec: TuneSpec, cpus_per_trial: float = 1, gpus_per_trial: float = 0) -> dict[str, float]:
+    """Ray resources of one trial, checked before anything runs."""
+    if cpus_per_trial <= 0:
+        raise ValueError(f"hydro.tune: cpus_per_trial must be > 0, got {cpus_per_trial}")
+    if gpus_per_trial < 0 or (gpus_per_trial > 1 and gpus_per_trial != int(gpus_per_trial)):
+        raise ValueError(f"hydro.tune: gpus_per_trial must be a fraction in [0, 1] or a whole number of GPUs "
+                         f"(Ray's rule), got {gpus_per_trial}")
+    if gpus_per_trial == 0 and torch.device(spec.device if spec.device != "auto" else "cpu").type == "cuda":
+        raise ValueError(f"hydro.tune: TuneSpec.device={spec.device!r} but gpus_per_trial=0: Ray gives such a "
+                         f"trial no GPU; set gpus_per_trial (e.g. 1 or 0.5) or TuneSpec.device='auto'")
+    return {"cpu": cpus_per_trial, **({"gpu": gpus_per_trial} if gpus_per_trial else {})}
+
+
+def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] | None = None) -> None:
     """Train the trial described by ``config`` (see :mod:`hydro.trial.plan`) for ``spec.epochs`` on ``data``
-    (default: ``spec.load_data()``)."""
+    (default: ``spec.load_data()``), on the device of ``TuneSpec.device`` given the GPUs Ray assigned."""
+    gpu_ids = ray.get_gpu_ids()
+    device = resolve_device(spec.device, gpu_ids)
     state = _restored_state()
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None)
     trial = FusedTrial(spec, session.plan, data if data is not None else spec.load_data(),
-                       member_ids=session.member_ids)
+                       member_ids=session.member_ids, device=device)
     if trial.fallback:
         logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids), trial.fallback)
     if state:
         trial.load_state_dict(state)
+    extra = {"fused": trial.fused, "device": str(trial.device), "gpu_ids": ",".join(map(str, gpu_ids))}
     while trial.epoch < spec.epochs:
         metrics = trial.run_epoch()
-        keep = session.step(trial.epoch, metrics, final=trial.epoch == spec.epochs, extra={"fused": trial.fused})
+        keep = session.step(trial.epoch, metrics, final=trial.epoch == spec.epochs, extra=extra)
         if keep and len(keep) < len(trial.member_ids):
             trial.keep(keep)
         if keep and trial.epoch % spec.checkpoint_every:  # keep is empty after the trial's last epoch
@@ -79,4 +103,4 @@ def _restored_state() -> dict | None:
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:
-        return torch.load(os.path.join(directory, STATE_FILE), weights_only=False)
+        return torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=False)

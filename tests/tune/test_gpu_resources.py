@@ -1,0 +1,89 @@
+"""Trials on the GPUs Ray gives them: resources from gpus_per_trial, the device each trial resolves, and every
+tensor of a trial on that device. This machine has no GPU: the local cluster declares one (Ray schedules and
+assigns it), and torch, which has no CUDA here, trains on the CPU standing in through the same code path."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import ray
+import torch
+
+from hydro.trial.device import resolve_device
+from hydro.trial.plan import TrialKind, TrialPlan
+from hydro.trial.unit import FusedTrial, Observer
+from hydro.tune.run import fit
+from hydro.tune.trainable import trial_resources
+from tests.conftest import REPO
+from tests.tune.workload import SPACE, small_digits, spec
+
+CONFIGS = [("a", {"lr": 0.1, "momentum": 0.9}), ("b", {"lr": 0.01, "momentum": 0.0})]
+
+
+@pytest.fixture(scope="module")
+def one_gpu_cluster():
+    """A local Ray cluster that declares one GPU (2 CPUs, no dashboard)."""
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    yield
+    ray.shutdown()
+
+
+def test_auto_device_follows_the_assigned_gpus(monkeypatch, caplog):
+    assert resolve_device("auto", []) == torch.device("cpu")
+    assert resolve_device("cpu", ["0"]) == torch.device("cpu")
+    with caplog.at_level(logging.WARNING):
+        assert resolve_device("auto", ["0"]) == torch.device("cpu")  # this torch has no CUDA: the CPU stands in
+    assert "GPUs ['0'] were assigned" in caplog.text
+    with pytest.raises(RuntimeError, match="device='cuda'.*gpus_per_trial"):
+        resolve_device("cuda", [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto", ["3"]) == torch.device("cuda", 0)  # Ray's CUDA_VISIBLE_DEVICES=3 -> cuda:0
+    assert resolve_device("auto", []) == torch.device("cpu")  # a trial without GPUs stays on the CPU
+    assert resolve_device("auto", None) == torch.device("cuda", 0)  # outside Ray: what the process sees
+
+
+def test_bad_resources_fail_before_anything_runs():
+    with pytest.raises(ValueError, match="gpus_per_trial must be a fraction"):
+        trial_resources(spec(), gpus_per_trial=1.5)
+    with pytest.raises(ValueError, match="device='cuda' but gpus_per_trial=0"):
+        trial_resources(spec(device="cuda"))
+    with pytest.raises(ValueError, match="TuneSpec.device must be 'auto' or a torch device"):
+        spec(device="gpu")
+    assert trial_resources(spec(), 2, 0.5) == {"cpu": 2, "gpu": 0.5}
+
+
+class Devices(Observer):
+    def __init__(self):
+        self.seen = set()
+
+    def on_step_end(self, trial, losses):
+        self.seen.add(losses.device.type)
+
+
+@pytest.mark.parametrize("kind", [TrialKind.SURROGATE, TrialKind.PLAIN])
+def test_every_tensor_of_a_trial_lives_on_its_device(kind):
+    """The meta device holds no data and its elementwise ops refuse CPU operands; every tensor a trial holds
+    (members, optimizer state, data, losses, metrics) must be on the trial's device."""
+    with pytest.raises(RuntimeError, match="not on the expected device"):
+        torch.ones(2, 3, device="meta") + torch.ones(2, 3)
+    members = CONFIGS if kind is TrialKind.SURROGATE else CONFIGS[:1]
+    observer = Devices()
+    trial = FusedTrial(spec(), TrialPlan(kind, members), small_digits(), device="meta", observers=[observer])
+    metrics = trial.run_epoch()
+    assert {t.device.type for t in metrics.values()} == {"meta"} and observer.seen == {"meta"}
+    optimizers = trial.members.optimizers()
+    tensors = [*(t for m in trial.modules() for t in [*m.parameters(), *m.buffers()]),
+               *(t for o in optimizers for s in o.state.values() for t in s.values() if isinstance(t, torch.Tensor)),
+               *(t for split in trial.data for t in (split.x, split.y))]
+    assert {t.device.type for t in tensors} == {"meta"}
+    assert any(o.state for o in optimizers)  # momentum buffers exist (and are on the device)
+
+
+def test_trials_given_half_a_gpu_each_train_on_the_device_they_resolve(one_gpu_cluster, tmp_path):
+    results, _ = fit(spec(epochs=2), SPACE, num_samples=4, fusion=2, gpus_per_trial=0.5, transfer_fraction=None,
+                     storage_path=str(tmp_path), name="gpu", verbose=0, seed=0)
+    assert not results.errors and len(results) == 2
+    for result in results:
+        assert result.metrics["gpu_ids"] == "0"  # Ray gave each trial (half of) the cluster's one GPU
+        assert result.metrics["device"] == "cpu"  # ... and the trial resolved it: CPU standing in for CUDA
+        assert result.metrics["epoch"] == 2 and result.metrics["live_members"] == 0
