@@ -14,6 +14,7 @@ from torch import Tensor
 
 import hydro
 from hydro.binder import FuseError
+from hydro.nn.base import member_view
 from hydro.trial.optimizer import UnsupportedOptimizer, fused_optimizer
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
@@ -46,9 +47,15 @@ class Members:
         for optimizer in self.optimizers():
             optimizer.zero_grad()
 
-    def step(self) -> None:
-        for optimizer in self.optimizers():
-            optimizer.step()
+    def step(self, skip: Tensor | None = None) -> None:
+        """One optimizer step of every member, except those flagged in ``skip`` (``[F]`` bool), which keep
+        their weights and optimizer state."""
+        raise NotImplementedError
+
+    def unscale_(self, scale: Tensor) -> Tensor:
+        """Divide each member's gradients by its loss scale ``scale[i]``; which members' gradients are not
+        finite (``[F]`` bool)."""
+        raise NotImplementedError
 
     def state_dict(self) -> dict:
         return {"modules": [m.state_dict() for m in self.modules()],
@@ -72,9 +79,10 @@ class FusedMembers(Members):
         self.model = hydro.fuse(_build(spec, configs, member_ids, scale, mup),
                                 leaf_modules=tuple(spec.leaf_modules)).to(device)
         self.optimizer = fused_optimizer(spec.optimizer, configs, self.model.parameters())
+        self.forward = torch.compile(self.model) if spec.compile else self.model
 
     def __call__(self, x: Tensor) -> Tensor:
-        return self.model(x)
+        return self.forward(x)
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.model]
@@ -85,6 +93,34 @@ class FusedMembers(Members):
     def keep(self, positions: Sequence[int]) -> None:
         hydro.keep_members(self.model, positions, optimizer=self.optimizer)
         self.member_ids = [self.member_ids[i] for i in positions]
+
+    def step(self, skip: Tensor | None = None) -> None:
+        skipped = [] if skip is None else skip.nonzero().flatten().tolist()
+        if not skipped:
+            self.optimizer.step()
+            return
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        count = len(self.member_ids)
+        held = [*params, *(t for s in self.optimizer.state.values() for t in s.values()
+                           if isinstance(t, Tensor) and t.dim() and t.shape[0] == count)]
+        index = torch.tensor(skipped, device=params[0].device)
+        saved = [t.detach()[index].clone() for t in held]
+        for p in params:
+            if p.grad is not None:
+                p.grad[index] = 0
+        self.optimizer.step()
+        with torch.no_grad():
+            for t, kept in zip(held, saved):
+                t[index] = kept
+
+    def unscale_(self, scale: Tensor) -> Tensor:
+        inverse = scale.double().reciprocal().float()
+        overflowed = torch.zeros(len(self.member_ids), dtype=torch.bool, device=scale.device)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(member_view(inverse.to(p.grad.dtype), p.grad.dim() - 1))
+                overflowed |= ~torch.isfinite(p.grad).flatten(1).all(dim=1)
+        return overflowed
 
 
 class LoopedMembers(Members):
@@ -109,6 +145,19 @@ class LoopedMembers(Members):
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return self.opts
+
+    def step(self, skip: Tensor | None = None) -> None:
+        for i, optimizer in enumerate(self.opts):
+            if skip is None or not skip[i]:
+                optimizer.step()
+
+    def unscale_(self, scale: Tensor) -> Tensor:
+        overflowed = []
+        for model, member_scale in zip(self.models, scale.double().reciprocal().float()):
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            torch._foreach_mul_(grads, member_scale)
+            overflowed.append(~torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        return torch.stack(overflowed)
 
     def keep(self, positions: Sequence[int]) -> None:
         self.models = [self.models[i] for i in positions]

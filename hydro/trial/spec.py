@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from hydro.trial.data import Batch, DataSource, as_source
+from hydro.trial.precision import Precision
 
 MetricFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -44,6 +45,9 @@ class TuneSpec:
     - ``device``: where a trial trains its members, batches and targets: ``"auto"`` (the GPU Ray assigned the
       trial, see ``gpus_per_trial``; else the CPU), ``"cpu"``, ``"cuda"``.
     - ``data_workers``: ``DataLoader`` worker processes per trial for ``Dataset`` splits (0: in the trial).
+    - ``precision``: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast, a dynamic loss scale per
+      member: one member's overflow skips only its own step); see :mod:`hydro.trial.precision`.
+    - ``compile``: ``torch.compile`` the fused model of each trial (compiles once per trial process and shape).
     """
 
     model: Callable[[Mapping], nn.Module]
@@ -62,6 +66,8 @@ class TuneSpec:
     checkpoint_every: int = 5
     device: str = "auto"
     data_workers: int = 0
+    precision: Precision = Precision.FP32
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("min", "max"):
@@ -76,6 +82,11 @@ class TuneSpec:
             except RuntimeError as error:
                 raise ValueError(f"TuneSpec.device must be 'auto' or a torch device ('cpu', 'cuda', 'cuda:1'), "
                                  f"got {self.device!r}") from error
+        try:
+            self.precision = Precision(self.precision)
+        except ValueError as error:
+            raise ValueError(f"TuneSpec.precision must be one of {[p.value for p in Precision]}, "
+                             f"got {self.precision!r}") from error
         if self.data_workers < 0:
             raise ValueError(f"TuneSpec.data_workers must be >= 0 (DataLoader worker processes), got {self.data_workers}")
         if self.metric not in self.metric_names():

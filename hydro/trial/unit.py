@@ -25,6 +25,7 @@ from hydro.trial.data import EVAL_BATCH, Batch, DataSource, as_source, batch_ord
 from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
 from hydro.trial.plan import TrialPlan
+from hydro.trial.precision import MemberLossScaler, Precision, autocast
 from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS, TuneSpec
 
 __all__ = ["FusedTrial", "Gate", "Observer", "batch_order"]
@@ -76,6 +77,7 @@ class FusedTrial:
         self.members, self.fallback = build_members(spec, [configs[m] for m in ids], ids, plan.scale,
                                                     fuse=plan.fused, mup=plan.mup, device=self.device)
         self.batch_size = spec.batch_size_of(configs[ids[0]])
+        self.scaler = MemberLossScaler(len(ids), self.device) if spec.precision is Precision.FP16 else None
         self.epoch, self.step = 0, 0
         self._loss_sum: Tensor | None = None  # [F], the epoch in progress
         self._seen = 0
@@ -117,10 +119,17 @@ class FusedTrial:
         if self.step == 0:
             self.members.train(True)
         self.members.zero_grad()
-        losses = trial_losses(self.spec.loss, self.members(x), y)  # [F]
-        losses.sum().backward()  # member i's gradient is exactly that of its own loss
-        self.members.step()
-        losses = losses.detach()
+        with autocast(self.device, self.spec.precision):
+            losses = trial_losses(self.spec.loss, self.members(x), y)  # [F]
+        if self.scaler is None:
+            losses.sum().backward()  # member i's gradient is exactly that of its own loss
+            self.members.step()
+        else:
+            self.scaler.scaled(losses).backward()
+            overflowed = self.members.unscale_(self.scaler.scale)
+            self.members.step(skip=overflowed)
+            self.scaler.update(overflowed)
+        losses = losses.detach().float()
         total = losses * len(y)
         self._loss_sum = total if self._loss_sum is None else self._loss_sum + total
         self._seen += len(y)
@@ -149,8 +158,9 @@ class FusedTrial:
         sums: dict[str, Tensor] = {}
         count = 0
         for x, target in self.data[1].eval_batches(max(self.batch_size, EVAL_BATCH), self.device):
-            output = self.members(x)  # [F, n, ...]
-            values = {VAL_LOSS: trial_losses(self.spec.loss, output, target)}
+            with autocast(self.device, self.spec.precision):
+                output = self.members(x)  # [F, n, ...]
+                values = {VAL_LOSS: trial_losses(self.spec.loss, output, target)}
             for name, fn in self.spec.metrics.items():
                 values[name] = torch.stack([torch.as_tensor(fn(out, target), dtype=torch.float64) for out in output])
             for name, value in values.items():
@@ -171,6 +181,8 @@ class FusedTrial:
     def keep(self, positions: Sequence[int]) -> None:
         """Go on with the members at ``positions`` only (early-stopped members leave with their state)."""
         self.members.keep(positions)
+        if self.scaler is not None:
+            self.scaler.keep(positions)
         if self._loss_sum is not None:
             self._loss_sum = self._loss_sum[list(positions)]
 
@@ -180,7 +192,7 @@ class FusedTrial:
         cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         return {"member_ids": self.member_ids, "members": self.members.state_dict(), "epoch": self.epoch,
                 "step": self.step, "loss_sum": self._loss_sum, "seen": self._seen, "torch_rng": torch.get_rng_state(),
-                "cuda_rng": cuda_rng}
+                "cuda_rng": cuda_rng, "scaler": None if self.scaler is None else self.scaler.state_dict()}
 
     def load_state_dict(self, state: Mapping) -> None:
         if list(state["member_ids"]) != self.member_ids:
@@ -191,6 +203,8 @@ class FusedTrial:
         self.epoch, self.step, self._seen = state["epoch"], state["step"], state["seen"]
         self._loss_sum = None if loss_sum is None else loss_sum.to(self.device)
         self._batches = None
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
