@@ -6,6 +6,7 @@ members out with their weights and optimizer state.
 """
 from __future__ import annotations
 
+import copy
 import zlib
 from collections.abc import Mapping, Sequence
 
@@ -38,6 +39,24 @@ class Members:
 
     def keep(self, positions: Sequence[int]) -> None:
         raise NotImplementedError
+
+    def copy(self) -> Members:
+        """An independent copy: weights, buffers and optimizer state."""
+        raise NotImplementedError
+
+    def split(self, sizes: Sequence[int]) -> list[Members]:
+        """These members as consecutive units of ``sizes`` members, each with its weights and optimizer state
+        (copies: autograd may still hold this unit's parameters at their old shape, e.g. in the graph of a
+        step that failed)."""
+        if sum(sizes) != len(self.member_ids) or min(sizes) < 1:
+            raise ValueError(f"Members.split: sizes {list(sizes)} must be >= 1 and add up to the "
+                             f"{len(self.member_ids)} members")
+        parts = [self.copy() for _ in sizes]
+        start = 0
+        for part, size in zip(parts, sizes):
+            part.keep(range(start, start + size))
+            start += size
+        return parts
 
     def train(self, mode: bool = True) -> None:
         for module in self.modules():
@@ -89,6 +108,14 @@ class FusedMembers(Members):
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]
+
+    def copy(self) -> FusedMembers:
+        memo: dict = {}  # shared: the copied optimizer holds the copied model's parameters
+        twin = copy.copy(self)
+        twin.model = copy.deepcopy(self.model, memo)
+        twin.optimizer = _copy_optimizer(self.optimizer, memo)
+        twin.forward = torch.compile(twin.model) if self.forward is not self.model else twin.model
+        return twin
 
     def keep(self, positions: Sequence[int]) -> None:
         hydro.keep_members(self.model, positions, optimizer=self.optimizer)
@@ -159,6 +186,13 @@ class LoopedMembers(Members):
             overflowed.append(~torch.stack([torch.isfinite(g).all() for g in grads]).all())
         return torch.stack(overflowed)
 
+    def copy(self) -> LoopedMembers:
+        memo: dict = {}
+        twin = copy.copy(self)
+        twin.models = copy.deepcopy(self.models, memo)
+        twin.opts = [_copy_optimizer(o, memo) for o in self.opts]
+        return twin
+
     def keep(self, positions: Sequence[int]) -> None:
         self.models = [self.models[i] for i in positions]
         self.opts = [self.opts[i] for i in positions]
@@ -180,6 +214,16 @@ def build_members(spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequen
             raise type(error)(f"{error}. Or set TuneSpec(fallback_unfused=True) to train these members unfused "
                               f"(full size only)") from error
         return LoopedMembers(spec, configs, member_ids, scale, device), f"{type(error).__name__}: {error}"
+
+
+def _copy_optimizer(optimizer: torch.optim.Optimizer, memo: dict) -> torch.optim.Optimizer:
+    """A deep copy of ``optimizer`` over the parameters ``memo`` maps to (torch's Optimizer pickles only its
+    defaults, state and groups: other attributes, e.g. a fused optimizer's member count, are copied too)."""
+    twin = copy.deepcopy(optimizer, memo)
+    for name, value in vars(optimizer).items():
+        if name not in vars(twin):
+            setattr(twin, name, copy.deepcopy(value, memo))
+    return twin
 
 
 def _build(spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int, mup: bool) -> list:

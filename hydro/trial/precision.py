@@ -38,9 +38,10 @@ class MemberLossScaler:
         self.good_steps = torch.zeros(count, dtype=torch.int64, device=device)
         self.growth, self.backoff, self.interval = growth, backoff, interval
 
-    def scaled(self, losses: Tensor) -> Tensor:
-        """The scalar to call ``backward`` on: ``sum_i scale_i * loss_i`` (``losses`` ``[F]``)."""
-        return (losses.float() * self.scale).sum()
+    def scaled(self, losses: Tensor, members: slice = slice(None)) -> Tensor:
+        """The scalar to call ``backward`` on: ``sum_i scale_i * loss_i`` over the ``members`` whose
+        ``losses`` these are."""
+        return (losses.float() * self.scale[members]).sum()
 
     def update(self, overflowed: Tensor) -> None:
         """Back off the members that ``overflowed`` (``[F]`` bool), count finite steps of the others."""

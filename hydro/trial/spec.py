@@ -48,6 +48,8 @@ class TuneSpec:
     - ``precision``: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast, a dynamic loss scale per
       member: one member's overflow skips only its own step); see :mod:`hydro.trial.precision`.
     - ``compile``: ``torch.compile`` the fused model of each trial (compiles once per trial process and shape).
+    - ``memory_budget_bytes``: memory one trial may use (default: the device's, or on CUDA the trial's share
+      of the GPU); members that need more are split into smaller fused chunks (:mod:`hydro.trial.memory`).
     """
 
     model: Callable[[Mapping], nn.Module]
@@ -68,6 +70,7 @@ class TuneSpec:
     data_workers: int = 0
     precision: Precision = Precision.FP32
     compile: bool = False
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("min", "max"):

@@ -16,7 +16,7 @@ import pickle
 import tempfile
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import Searcher
@@ -49,6 +49,7 @@ class SearchState:
     service_name: str
     space: dict
     target_trial: str | None = None
+    trial_groups: dict = field(default_factory=dict)  # surrogate trial id -> its members' group key
 
 
 class HydroSearcher(Searcher):
@@ -105,6 +106,7 @@ class HydroSearcher(Searcher):
         members = state.pool.draw(self._suggest_member, self.spec.group_key, self._fusion_for)
         if members:
             state.ledger.add_trial(trial_id, [m for m, _ in members])
+            state.trial_groups[trial_id] = self.spec.group_key(members[0][1])
             plan = TrialPlan(TrialKind.SURROGATE, members, self.scale, self.scale > 1, self._service_name(),
                              reports_objective=self.transfer.fraction is None)
             return {**plan.to_config(), **_columns([c for _, c in members])}
@@ -115,6 +117,7 @@ class HydroSearcher(Searcher):
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         self._forward(self.state.ledger.observe(_member_results(result)))
+        self._replan(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if result:
@@ -184,6 +187,16 @@ class HydroSearcher(Searcher):
             self._planner = MeasuredFusion(self.spec, self.scale, self._data, min(pool.max_fusion, pool.num_samples),
                                            self.trial_cpus)
         return self._planner.fusion_for(key, config)
+
+    def _replan(self, trial_id: str, result: Mapping) -> None:
+        """A surrogate trial that ran out of memory trained its members in smaller fused chunks: later trials of
+        its group get at most that many members."""
+        key, fused_at_once = self.state.trial_groups.get(trial_id), result.get("max_fusion")
+        planned = self.state.pool.fusion.get(key)
+        if fused_at_once is not None and planned is not None and fused_at_once < planned:
+            logger.warning("group %s ran out of memory at %d fused members: its later trials get %d",
+                           key, planned, fused_at_once)
+            self.state.pool.fusion[key] = fused_at_once
 
     def _nothing_left(self) -> bool:
         return self.state.pool.exhausted and not self.state.ledger.running()

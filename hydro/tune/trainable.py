@@ -77,7 +77,7 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
     state = _restored_state()
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None)
     trial = FusedTrial(spec, session.plan, data if data is not None else spec.load_data(),
-                       member_ids=session.member_ids, device=device)
+                       member_ids=session.member_ids, device=device, memory_budget_bytes=_gpu_share_bytes(spec, device))
     if trial.fallback:
         logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids), trial.fallback)
     if state:
@@ -85,6 +85,7 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
     extra = {"fused": trial.fused, "device": str(trial.device), "gpu_ids": ",".join(map(str, gpu_ids))}
     while trial.epoch < spec.epochs:
         metrics = trial.run_epoch()
+        extra.update(max_fusion=trial.max_fusion, data_wait_fraction=trial.data_wait_s / max(trial.train_s, 1e-9))
         keep = session.step(trial.epoch, metrics, final=trial.epoch == spec.epochs, extra=extra)
         if keep and len(keep) < len(trial.member_ids):
             trial.keep(keep)
@@ -96,6 +97,15 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
                 session.report(checkpoint=tune.Checkpoint.from_directory(directory))
         if not keep:
             return
+
+
+def _gpu_share_bytes(spec: TuneSpec, device: torch.device) -> int | None:
+    """The memory budget of a trial given a fraction of a GPU: that fraction of the card (unless
+    ``TuneSpec.memory_budget_bytes`` sets one)."""
+    share = ray.get_runtime_context().get_assigned_resources().get("GPU", 0)
+    if spec.memory_budget_bytes is not None or device.type != "cuda" or not 0 < share < 1:
+        return spec.memory_budget_bytes
+    return int(share * torch.cuda.get_device_properties(device).total_memory)
 
 
 def _restored_state() -> dict | None:

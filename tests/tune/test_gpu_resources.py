@@ -87,3 +87,14 @@ def test_trials_given_half_a_gpu_each_train_on_the_device_they_resolve(one_gpu_c
         assert result.metrics["gpu_ids"] == "0"  # Ray gave each trial (half of) the cluster's one GPU
         assert result.metrics["device"] == "cpu"  # ... and the trial resolved it: CPU standing in for CUDA
         assert result.metrics["epoch"] == 2 and result.metrics["live_members"] == 0
+
+
+def test_a_trial_out_of_memory_splits_its_members_and_later_trials_get_fewer(one_gpu_cluster, tmp_path):
+    from tests.test_memory_split import FITS_TWO
+
+    workload = spec(epochs=1, memory_budget_bytes=FITS_TWO)  # 4 fused members do not fit, 2 do
+    results, searcher = fit(workload, SPACE, num_samples=8, fusion=4, transfer_fraction=None, max_concurrent_trials=1,
+                            storage_path=str(tmp_path), name="oom", verbose=0, seed=0)
+    assert not results.errors and len(searcher.member_results()) == 8  # every member finished
+    sizes = sorted((r.metrics["max_fusion"], len(r.config["hydro"]["members"])) for r in results)
+    assert sizes == [(2, 2), (2, 2), (2, 4)]  # the first trial split 4 -> 2 + 2; the searcher then planned 2
