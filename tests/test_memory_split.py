@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hydro.trial.plan import TrialKind, TrialPlan
-from hydro.trial.unit import FusedTrial
+from hydro.trial.unit import FusedTrial, Gate
 from tests.tune.workload import small_digits, spec
 
 PLAN = TrialPlan(TrialKind.SURROGATE, [(f"m{i}", {"lr": 0.05 * (i + 1), "momentum": 0.9}) for i in range(4)])
@@ -59,3 +59,30 @@ def test_a_budget_too_small_for_one_member_names_the_fix():
         train(budget=20_000, epochs=1)
     with pytest.raises(ValueError, match="memory budget must be > 0 bytes"):
         train(budget=0, epochs=1)
+
+
+class CountingGate(Gate):
+    """Counts forward calls of the trial's modules through hooks it installs."""
+
+    def __init__(self):
+        self.calls, self.handles = 0, []
+
+    def attach(self, trial):
+        self.handles = [m.register_forward_hook(self._count) for m in trial.modules()]
+
+    def detach(self, trial):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _count(self, module, inputs, output):
+        self.calls += 1
+
+
+def test_gates_move_to_the_chunks_of_a_split():
+    gate = CountingGate()
+    trial = FusedTrial(spec(memory_budget_bytes=FITS_TWO), PLAN, small_digits(), gates=[gate])
+    trial.train_step()  # the 4-member model fails (one call), then both 2-member chunks train
+    assert chunk_sizes(trial) == [2, 2] and len(gate.handles) == 2 and gate.calls == 3
+    trial.train_step()
+    assert gate.calls == 5

@@ -116,7 +116,6 @@ class FusedTrial:
     def fused(self) -> bool:
         return self.chunks[0].fused
 
-
     @property
     def steps_per_epoch(self) -> int | None:
         """Training batches per epoch (``None`` for an iterable dataset, known only once read)."""
@@ -198,7 +197,11 @@ class FusedTrial:
                                          f"larger TuneSpec.memory_budget_bytes")
         logger.warning("training %d members fused ran out of memory (%s); continuing with %d and %d",
                        count, failure, count // 2, count - count // 2)
+        for gate in self.gates:  # the gates' hooks move to the new chunks' modules
+            gate.detach(self)
         self.chunks[index:index + 1] = chunk.split([count // 2, count - count // 2])
+        for gate in self.gates:
+            gate.attach(self)
         self.max_fusion = min(self.max_fusion, count - count // 2)
 
     def train_epoch(self) -> Tensor:
