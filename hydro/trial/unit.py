@@ -65,10 +65,10 @@ class FusedTrial:
 
     ``device``: where members, batches and targets live (default: ``TuneSpec.device`` resolved here).
     ``memory_budget_bytes``: what training may use (default ``TuneSpec.memory_budget_bytes``). ``chunks``: the
-    members as fused units trained one after another on each batch: one, until training a unit runs out of
-    memory (``torch.OutOfMemoryError``, or over the budget); the unit is then split in two and the batch
+    members as fused units trained one after another on each batch: one (or units of ``fusion`` members, e.g.
+    as planned on the trial's device), until training a unit runs out of memory (``torch.OutOfMemoryError``, or over the budget); the unit is then split in two and the batch
     retried for them, so every member still trains every batch exactly once. ``max_fusion``: the most members
-    trained fused at once without running out of memory (the trial's members until a split).
+    trained fused at once without running out of memory (``fusion`` or all the trial's members, until a split).
     ``epoch``: completed epochs; ``step``: batches done of the epoch in progress. ``fallback``: why fusion fell
     back to unfused training (``TuneSpec.fallback_unfused``), else ``None``. ``data_wait_s``/``train_s``:
     seconds spent waiting for training batches / in training steps (the wait included).
@@ -76,7 +76,8 @@ class FusedTrial:
 
     def __init__(self, spec: TuneSpec, plan: TrialPlan, data: tuple, *, member_ids: Sequence[str] | None = None,
                  gates: Sequence[Gate] = (), observers: Sequence[Observer] = (),
-                 device: torch.device | str | None = None, memory_budget_bytes: int | None = None) -> None:
+                 device: torch.device | str | None = None, memory_budget_bytes: int | None = None,
+                 fusion: int | None = None) -> None:
         configs = dict(plan.members)
         ids = list(member_ids) if member_ids is not None else list(configs)
         self.spec, self.plan = spec, plan
@@ -85,8 +86,11 @@ class FusedTrial:
             as_source(split, name, spec.data_workers).to(self.device) for split, name in zip(data, ("train", "val")))
         members, self.fallback = build_members(spec, [configs[m] for m in ids], ids, plan.scale, fuse=plan.fused,
                                                mup=plan.mup, device=self.device)
+        self.max_fusion = min(len(ids), fusion or len(ids))  # the most members trained fused at once (that fit)
         self.chunks: list[Members] = [members]  # trained one after another on each batch; an OOM splits one
-        self.max_fusion = len(ids)  # the most members trained fused at once without running out of memory
+        if self.max_fusion < len(ids):
+            whole, rest = divmod(len(ids), self.max_fusion)
+            self.chunks = members.split([self.max_fusion] * whole + ([rest] if rest else []))
         self.budget = MemoryBudget(spec.memory_budget_bytes if memory_budget_bytes is None else memory_budget_bytes,
                                    self.device)
         self.batch_size = spec.batch_size_of(configs[ids[0]])

@@ -38,16 +38,22 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
         cpus_per_trial: float = 1, gpus_per_trial: float = 0) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
     table and best configuration written to its directory) and the searcher. ``cpus_per_trial``/
-    ``gpus_per_trial``: each trial's Ray resources (fractional GPUs share a card; see ``trainable``)."""
+    ``gpus_per_trial``: each trial's Ray resources (fractional GPUs share a card; see ``trainable``). With GPUs
+    and ``fusion="auto"``, fusion is planned where the trials run (the driver may have no GPU): the searcher
+    hands out up to ``max_fusion`` members per trial, each trial measures how many fit and train fast on its
+    device and trains them in chunks of that many, and the group's later trials get that many members."""
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     trial_resources(spec, cpus_per_trial, gpus_per_trial)  # bad resources fail before data loads
     data = spec.load_data()  # once, in the driver: the searcher plans fusion with it, trials get it from Ray
-    hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale, fusion=fusion,
+    in_trial = fusion == "auto" and gpus_per_trial > 0
+    hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,
+                                   fusion=max_fusion if in_trial else fusion,
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data)
     tuner = tune.Tuner(
-        trainable(spec, data, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial), param_space=param_space,
+        trainable(spec, data, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial, plan_fusion=in_trial),
+        param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
                                     reuse_actors=True, max_concurrent_trials=max_concurrent_trials,
                                     trial_dirname_creator=trial_dirname),

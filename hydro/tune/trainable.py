@@ -23,6 +23,7 @@ from ray import tune
 
 from hydro.trial.data import DataSource
 from hydro.trial.device import resolve_device
+from hydro.trial.fusion import fusion_in_trial
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.session import MemberSession
@@ -33,7 +34,7 @@ STATE_FILE = "hydro_trial.pt"
 
 
 def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None, *, cpus_per_trial: float = 1,
-              gpus_per_trial: float = 0) -> Callable[[dict], None]:
+              gpus_per_trial: float = 0, plan_fusion: bool = False) -> Callable[[dict], None]:
     """A function trainable for ``tune.Tuner``/``tune.run``: Hydro trials when the config comes from a
     ``HydroSearcher``, one plain full-size unfused training otherwise (the stock Ray Tune baseline).
 
@@ -41,16 +42,18 @@ def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
     (``tune.with_parameters``, so Ray must be initialised) instead of every trial loading it. Without it,
     each trial calls ``spec.load_data()``. ``cpus_per_trial``/``gpus_per_trial``: each trial's Ray resources
     (``tune.with_resources``; fractional GPUs below 1 share a card); with ``TuneSpec.device="auto"`` a trial
-    given a GPU trains on it."""
+    given a GPU trains on it. ``plan_fusion``: a surrogate trial measures how many of its members to train
+    fused at once on its own device, precision and memory (once per group in each trial process; see
+    :func:`hydro.trial.fusion.fusion_in_trial`) and trains them in chunks of that many."""
     resources = trial_resources(spec, cpus_per_trial, gpus_per_trial)
     if data is None:
         def hydro_trial(config: dict) -> None:
-            run_trial(spec, config)
+            run_trial(spec, config, plan_fusion=plan_fusion)
 
         function = hydro_trial
     else:
         def hydro_trial(config: dict, data: tuple[DataSource, DataSource]) -> None:  # the same name: restorable
-            run_trial(spec, config, data)                                           # either way
+            run_trial(spec, config, data, plan_fusion=plan_fusion)                  # either way
 
         function = tune.with_parameters(hydro_trial, data=data)
     return function if resources == {"cpu": 1} else tune.with_resources(function, resources)
@@ -69,15 +72,21 @@ def trial_resources(spec: TuneSpec, cpus_per_trial: float = 1, gpus_per_trial: f
     return {"cpu": cpus_per_trial, **({"gpu": gpus_per_trial} if gpus_per_trial else {})}
 
 
-def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] | None = None) -> None:
+def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] | None = None, *,
+              plan_fusion: bool = False) -> None:
     """Train the trial described by ``config`` (see :mod:`hydro.trial.plan`) for ``spec.epochs`` on ``data``
     (default: ``spec.load_data()``), on the device of ``TuneSpec.device`` given the GPUs Ray assigned."""
     gpu_ids = ray.get_gpu_ids()
     device = resolve_device(spec.device, gpu_ids)
+    budget = _gpu_share_bytes(spec, device)
+    data = data if data is not None else spec.load_data()
     state = _restored_state()
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None)
-    trial = FusedTrial(spec, session.plan, data if data is not None else spec.load_data(),
-                       member_ids=session.member_ids, device=device, memory_budget_bytes=_gpu_share_bytes(spec, device))
+    plan, fusion = session.plan, None
+    if plan_fusion and plan.fused and not state:  # a restored trial takes the chunks of its checkpoint
+        fusion = fusion_in_trial(spec, plan.members[0][1], plan.scale, data, len(session.member_ids), device, budget)
+    trial = FusedTrial(spec, plan, data, member_ids=session.member_ids, device=device, memory_budget_bytes=budget,
+                       fusion=fusion)
     if trial.fallback:
         logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids), trial.fallback)
     if state:

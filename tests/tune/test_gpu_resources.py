@@ -98,3 +98,13 @@ def test_a_trial_out_of_memory_splits_its_members_and_later_trials_get_fewer(one
     assert not results.errors and len(searcher.member_results()) == 8  # every member finished
     sizes = sorted((r.metrics["max_fusion"], len(r.config["hydro"]["members"])) for r in results)
     assert sizes == [(2, 2), (2, 2), (2, 4)]  # the first trial split 4 -> 2 + 2; the searcher then planned 2
+
+
+def test_with_gpus_fusion_is_planned_in_the_trials_not_the_driver(one_gpu_cluster, tmp_path):
+    results, searcher = fit(spec(epochs=1), SPACE, num_samples=4, fusion="auto", max_fusion=4, gpus_per_trial=1,
+                            transfer_fraction=None, storage_path=str(tmp_path), name="planned", verbose=0, seed=0)
+    assert not results.errors and len(searcher.member_results()) == 4
+    assert type(searcher._planner).__name__ == "FixedFusion"  # the driver handed out max_fusion, measured nothing
+    (result,) = results  # one trial of the 4 members, which planned how many to fuse on its device (CPU here)
+    assert len(result.config["hydro"]["members"]) == 4 and 1 <= result.metrics["max_fusion"] <= 4
+    assert result.metrics["device"] == "cpu" and result.metrics["gpu_ids"] == "0"
