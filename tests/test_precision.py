@@ -67,3 +67,12 @@ def test_fp16_overflow_in_one_member_skips_only_its_step(kind):
         assert all(torch.equal(n, m) for n, m in zip(buffers[len(buffers) // 2:], momentum[len(momentum) // 2:]))
     assert injected.scaler.scale.tolist() == [2.0 ** 16, 2.0 ** 39]  # only b backed off
     assert torch.isfinite(injected.evaluate()["val_loss"]).all()
+
+
+def test_compiled_fused_model_trains_like_the_eager_one():
+    eager, compiled = (FusedTrial(spec(compile=c), TrialPlan(TrialKind.SURROGATE, MEMBERS), small_digits())
+                       for c in (False, True))
+    assert compiled.members.forward is not compiled.members.model  # torch.compile's wrapper runs the steps
+    want, got = eager.run_epoch(), compiled.run_epoch()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6)
