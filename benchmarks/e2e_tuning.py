@@ -12,7 +12,13 @@ accuracy reported (for Hydro runs this repeats the run's own target trial: ``in_
 same number). Prints a table and writes JSON to ``benchmarks/results/e2e_tuning.json``.
 
     python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 15] [--hidden 1024] [--scheduler none|asha]
-                                    [--runs abcd]
+                                    [--runs abcd] [--workload digits-mlp|cifar-resnet] [--device auto|cpu|cuda]
+                                    [--gpus-per-trial G]
+
+``--workload cifar-resnet``: a CIFAR-style ResNet-18 (SGD: lr, momentum, weight decay) on generated CIFAR-shaped
+images (``hydro.examples.data.SyntheticImages``, a map-style Dataset loaded per batch), batch 128. ``--device``
+sets ``TuneSpec.device``; with ``--gpus-per-trial G`` every trial (stock and Hydro) asks Ray for G GPUs
+(fractions share one). The table adds each run's mean fraction of training time spent waiting for data.
 """
 from __future__ import annotations
 
@@ -32,6 +38,11 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
 from hydro.trial.unit import FusedTrial
 from hydro.tune import TuneSpec, best_configuration, trainable
+from torch import nn
+
+from hydro.examples.data import synthetic_cifar
+from hydro.examples.models import ResNet18
+from hydro.trial.spec import accuracy
 from hydro.tune.examples import digits_mlp
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.run import asha, fit, optuna_tpe
@@ -51,17 +62,22 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="16 configurations, 3 epochs, width 256")
     parser.add_argument("--runs", default="abcd", help="which runs, e.g. 'acd' ((a) is the reference: always run)")
     parser.add_argument("--storage", default="/tmp/hydro_e2e")
+    parser.add_argument("--workload", choices=["digits-mlp", "cifar-resnet"], default="digits-mlp")
+    parser.add_argument("--device", default="auto", help="TuneSpec.device: auto (the GPU Ray gives a trial), cpu, cuda")
+    parser.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs each trial asks Ray for")
     args = parser.parse_args()
     if args.quick:
         args.samples, args.epochs, args.hidden = 16, 3, 256
-    spec, space = digits_mlp(epochs=args.epochs, hidden=args.hidden)
+    spec, space = digits_mlp(epochs=args.epochs, hidden=args.hidden) if args.workload == "digits-mlp" else \
+        cifar_resnet(args.epochs)
+    spec.device = args.device
     drawn = RandomSearch(space, seed=args.seed)
     configs = [drawn.suggest(str(i)) for i in range(args.samples)]
     ray.init(num_cpus=args.concurrency, include_dashboard=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     scheduler = (lambda: asha(spec)) if args.scheduler == "asha" else (lambda: None)
     hydro_options = dict(num_samples=args.samples, storage_path=args.storage, seed=args.seed, verbose=0,
-                         max_concurrent_trials=args.concurrency)
+                         max_concurrent_trials=args.concurrency, gpus_per_trial=args.gpus_per_trial)
     runs = [("(a) stock Ray Tune, full size, unfused", 1, lambda: stock(spec, space, configs, args, scheduler())),
             ("(b) Hydro fusion only (S=1)", 1, lambda: hydro_run(spec, space, 1, None, scheduler(), hydro_options,
                                                                  args, "b", configs))]
@@ -74,21 +90,43 @@ def main() -> int:
     for name, scale, run in runs:
         print(f"\n=== {name}", flush=True)
         start = time.perf_counter()
-        best_config, in_run = run()
+        best_config, in_run, data_wait = run()
         wall = time.perf_counter() - start
         target = train_full_size(spec, best_config, mup=scale > 1)
         rows.append({"run": name, "wall_s": wall, "best_config": best_config, "in_run_best": in_run,
-                     "target_" + spec.metric: target[spec.metric]})
+                     "target_" + spec.metric: target[spec.metric], "data_wait_fraction": data_wait})
         print(f"{name}: {wall:.0f} s, best {best_config}, target {spec.metric} {target[spec.metric]:.4f}", flush=True)
     ray.shutdown()
     report(rows, spec, args)
     return 0
 
 
-def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> tuple[dict, float]:
+def cifar_resnet(epochs: int) -> tuple[TuneSpec, dict]:
+    """CIFAR-style ResNet-18 on generated CIFAR-shaped images, SGD; validation accuracy."""
+    spec = TuneSpec(model=_resnet, data=synthetic_cifar, loss=nn.CrossEntropyLoss(), optimizer=_sgd, metric="val_acc",
+                    mode="max", metrics={"val_acc": accuracy}, epochs=epochs, batch_size=128)
+    return spec, {"lr": tune.loguniform(1e-3, 0.5), "momentum": tune.choice([0.0, 0.5, 0.9]),
+                  "weight_decay": tune.choice([0.0, 1e-4, 5e-4])}
+
+
+def _resnet(config: dict) -> nn.Module:
+    return ResNet18()
+
+
+def _sgd(params, config: dict) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=config["lr"], momentum=config["momentum"], weight_decay=config["weight_decay"])
+
+
+def data_wait_fraction(results) -> float:
+    """Mean over a run's trials of the fraction of training time spent waiting for batches."""
+    values = [r.metrics["data_wait_fraction"] for r in results if r.metrics and "data_wait_fraction" in r.metrics]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> tuple[dict, float, float]:
     """Stock Ray Tune: every configuration as its own full-size trial of the same trainable."""
     tuner = tune.Tuner(
-        trainable(spec), param_space=space,
+        trainable(spec, gpus_per_trial=args.gpus_per_trial), param_space=space,
         tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=list(configs)),
                                     num_samples=len(configs), metric=spec.metric, mode=spec.mode, reuse_actors=True,
                                     max_concurrent_trials=args.concurrency, scheduler=scheduler),
@@ -97,11 +135,11 @@ def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> 
     results = tuner.fit()
     assert sorted(map(repr, (r.config for r in results))) == sorted(map(repr, configs))
     best = results.get_best_result()
-    return {k: best.config[k] for k in space}, best.metrics[spec.metric]
+    return {k: best.config[k] for k in space}, best.metrics[spec.metric], data_wait_fraction(results)
 
 
 def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, options: dict, args, name: str,
-              configs: list[dict] | None = None) -> tuple[dict, float]:
+              configs: list[dict] | None = None) -> tuple[dict, float, float]:
     """HydroSearcher over the same space; with ``searcher=None`` its seeded random search draws exactly
     ``configs`` (checked). At most N / concurrency members per fused trial, so as many trials as (a) can run
     at once."""
@@ -111,7 +149,7 @@ def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, opti
         members = [c for r in results if r.config for _, c in plan_of(r.config).members if plan_of(r.config).fused]
         assert sorted(map(repr, members)) == sorted(map(repr, configs))
     best = best_configuration(results, spec)
-    return best["config"], best["value"]
+    return best["config"], best["value"], data_wait_fraction(results)
 
 
 def train_full_size(spec: TuneSpec, config: dict, mup: bool) -> dict[str, float]:
@@ -126,19 +164,21 @@ def train_full_size(spec: TuneSpec, config: dict, mup: bool) -> dict[str, float]
 def report(rows: list[dict], spec: TuneSpec, args) -> None:
     metric = "target_" + spec.metric
     base = rows[0]
-    print(f"\nN={args.samples} configurations, {args.epochs} epochs, scheduler={args.scheduler}, "
-          f"concurrency={args.concurrency}, {os.cpu_count()} CPUs (load average at the end: "
-          f"{os.getloadavg()[0]:.1f})\n")
-    print(f"{'run':<42} {'wall s':>7} {'speed-up':>9} {'in-run best':>11} {metric:>15} {'rel. to (a)':>11}  "
-          f"best configuration")
+    print(f"\n{args.workload}: N={args.samples} configurations, {args.epochs} epochs, scheduler={args.scheduler}, "
+          f"concurrency={args.concurrency}, device={args.device}, gpus/trial={args.gpus_per_trial}, {os.cpu_count()} "
+          f"CPUs (load average at the end: {os.getloadavg()[0]:.1f})\n")
+    print(f"{'run':<42} {'wall s':>7} {'speed-up':>9} {'in-run best':>11} {metric:>15} {'rel. to (a)':>11} "
+          f"{'data wait':>9}  best configuration")
     for row in rows:
         row["speedup_vs_a"] = base["wall_s"] / row["wall_s"]
         row["relative_to_a"] = (row[metric] - base[metric]) / abs(base[metric])
         config = ", ".join(f"{k}={v:.3g}" for k, v in row["best_config"].items())
         print(f"{row['run']:<42} {row['wall_s']:7.0f} {row['speedup_vs_a']:8.2f}x {row['in_run_best']:11.4f} "
-              f"{row[metric]:15.4f} {row['relative_to_a']:+10.2%}  {config}")
+              f"{row[metric]:15.4f} {row['relative_to_a']:+10.2%} {row['data_wait_fraction']:9.1%}  {config}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("e2e_tuning.json" if args.hidden == 1024 else f"e2e_tuning_hidden{args.hidden}.json")
+    if args.workload != "digits-mlp" or args.device != "auto":
+        out = out.with_name(f"e2e_tuning_{args.workload}_{args.device}.json")
     out.write_text(json.dumps({"args": vars(args), "python": sys.version.split()[0], "torch": torch.__version__,
                                "ray": ray.__version__, "machine": platform.machine(), "rows": rows},
                               indent=2, default=str))

@@ -224,9 +224,10 @@ class _Runner:
                 if trial.epoch >= self.epochs:
                     self.finished = True
                     return False
-                while trial.step < trial.steps_per_epoch:
+                while True:
                     self._rng = torch.get_rng_state()
-                    trial.train_step()
+                    if trial.train_step() is None:  # the epoch has no batch left
+                        break
                     self.progress[_STEPS] += 1
                     self.progress[_COMPUTE_S] = self.gate.compute_s
                 self._rng = torch.get_rng_state()

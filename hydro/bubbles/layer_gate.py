@@ -41,7 +41,7 @@ class LayerGate(Gate):
                         lambda m, a, name=name: self.boundary("F:" + name)))
                     self._handles.append(layer.register_forward_hook(
                         lambda m, a, out, name=name: self._hook_backward(out, "B:" + name)))
-        for optimizer in trial.members.optimizers():
+        for optimizer in trial.optimizers():
             self._handles.append(optimizer.register_step_pre_hook(lambda o, a, k: self.boundary("optimizer")))
             self._handles.append(optimizer.register_step_post_hook(lambda o, a, k: self.step_done()))
 

@@ -73,5 +73,5 @@ def trial_observer(settings: EnergySettings, trial: FusedTrial) -> EnergyObserve
     energy = TrialEnergy(devices, store=EnergyStore(settings.store_path), model=settings.profile_key(members),
                          batch_size=batch_size, eta=settings.eta, max_power_w=settings.max_power_w,
                          warmup_steps=settings.warmup_steps, window_steps=settings.window_steps,
-                         poll_steps=trial.steps_per_epoch, clock=now)
+                         poll_steps=trial.steps_per_epoch or 100, clock=now)  # iterable data: unknown
     return EnergyObserver(energy, stepped=stepped)

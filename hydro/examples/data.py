@@ -55,3 +55,33 @@ def char_sequences(text: str, length: int, seed: int = 0, val_fraction: float = 
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
     cut = int(count * (1 - val_fraction))
     return Split(x[order[:cut]], y[order[:cut]]), Split(x[order[cut:]], y[order[cut:]]), 128
+
+
+class SyntheticImages(torch.utils.data.Dataset):
+    """A CIFAR-shaped map-style dataset generated on the fly: ``[3, size, size]`` images of ``classes`` classes,
+    each a fixed random class template (low frequency) plus per-sample noise, so a ResNet learns it within a
+    few epochs. Sample ``i`` is a function of (``seed``, ``first + i``): any worker, any order, the same
+    sample (``first`` skips samples another split holds)."""
+
+    def __init__(self, count: int, classes: int = 10, size: int = 32, noise: float = 1.0, seed: int = 0,
+                 first: int = 0) -> None:
+        self.count, self.classes, self.size, self.noise, self.seed, self.first = count, classes, size, noise, seed, first
+        coarse = torch.randn(classes, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+        self.templates = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear",
+                                                         align_corners=False)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        if not 0 <= index < self.count:
+            raise IndexError(f"SyntheticImages: index {index} out of range for {self.count} samples")
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.first + index + 1)
+        label = int(torch.randint(self.classes, (), generator=generator))
+        image = self.templates[label] + self.noise * torch.randn(3, self.size, self.size, generator=generator)
+        return image, label
+
+
+def synthetic_cifar(train: int = 5000, val: int = 1000, seed: int = 0) -> tuple[SyntheticImages, SyntheticImages]:
+    """Train and validation splits of :class:`SyntheticImages` (same class templates, disjoint samples)."""
+    return SyntheticImages(train, seed=seed), SyntheticImages(val, seed=seed, first=train)

@@ -82,3 +82,42 @@ class CharTransformerLM(nn.Module):
         mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
         x = self.embed(tokens) + self.pos(positions)
         return self.head(self.norm(self.encoder(x, mask=mask, is_causal=True)))
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 convolutions with BatchNorm and a (projected when the shape changes) shortcut."""
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, channels, 1, stride, bias=False),
+                                          nn.BatchNorm2d(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """CIFAR-style ResNet-18: ``[N, 3, 32, 32]`` -> ``[N, num_classes]`` (3x3 stem, no max-pool, stages of
+    ``width``, 2, 4, 8 x ``width`` channels)."""
+
+    def __init__(self, num_classes: int = 10, width: int = 64) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        blocks, channels = [], width
+        for stage, stride in enumerate((1, 2, 2, 2)):
+            out = width * 2 ** stage
+            blocks += [BasicBlock(channels, out, stride), BasicBlock(out, out)]
+            channels = out
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(self.blocks(self.stem(x))).flatten(1))

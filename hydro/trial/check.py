@@ -11,7 +11,8 @@ from hydro.binder import FuseError
 from hydro.shrink.errors import ShrinkError
 from hydro.trial.optimizer import UnsupportedOptimizer
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
-from hydro.trial.spec import Batch, TuneSpec
+from hydro.trial.data import DataSource
+from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 
 # Errors of building or configuring members: the same configuration fails the same way every time (not retried).
@@ -45,13 +46,12 @@ def check_member(spec: TuneSpec, config: Mapping) -> str | None:
     return None
 
 
-def check_workload(spec: TuneSpec, config: Mapping, scale: int, data: tuple[Batch, Batch]) -> None:
+def check_workload(spec: TuneSpec, config: Mapping, scale: int, data: tuple[DataSource, DataSource]) -> None:
     """Build two fused members of ``config`` as a run at ``scale`` trains them (shrunk when ``scale > 1``, the
     optimizer translated) and the full-size target, and train each one batch and evaluate it on one batch of
     ``data``, on the CPU. Raises :class:`WorkloadError` naming the step that failed."""
-    (x, y), (vx, vy) = data
     size = spec.batch_size_of(config)
-    small = ((x[:size], y[:size]), (vx[:size], vy[:size]))
+    small = (data[0].sample(size), data[1].sample(size))
     surrogate = TrialPlan(TrialKind.SURROGATE, [("check0", dict(config)), ("check1", dict(config))], scale, scale > 1)
     target = TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, dict(config))], 1, scale > 1)
     for what, plan in [(f"two fused members at scale {scale}", surrogate), ("the full-size target", target)]:

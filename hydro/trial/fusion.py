@@ -6,8 +6,12 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping
 
+import torch
+
 from hydro.planning import plan_fusion
-from hydro.trial.spec import Batch, TuneSpec
+from hydro.trial.data import DataSource
+from hydro.trial.precision import autocast
+from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
 
 logger = logging.getLogger(__name__)
@@ -36,18 +40,39 @@ class FixedFusion(FusionPlanner):
 
 
 class MeasuredFusion(FusionPlanner):
-    """F measured with :func:`hydro.planning.plan_fusion` on this process's device: fused training steps of
-    the group's (shrunk) model on one batch of ``data``'s training split, with ``threads`` torch threads."""
+    """F measured with :func:`hydro.planning.plan_fusion` on ``device`` (default: this process's GPU, else
+    CPU): fused training steps of the group's (shrunk) model on one batch of ``data``'s training split, in
+    ``spec.precision``, with ``threads`` torch threads, within ``memory_budget_bytes`` (default: the device's)."""
 
-    def __init__(self, spec: TuneSpec, scale: int, data: tuple[Batch, Batch], max_members: int, threads: int) -> None:
+    def __init__(self, spec: TuneSpec, scale: int, data: tuple[DataSource, DataSource], max_members: int,
+                 threads: int, device: torch.device | None = None, memory_budget_bytes: int | None = None) -> None:
         self.spec, self.scale, self.data, self.max_members, self.threads = spec, scale, data, max_members, threads
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.memory_budget_bytes = memory_budget_bytes
 
     def fusion_for(self, key: Hashable, config: Mapping) -> int:
-        (x, y), _ = self.data
         size = self.spec.batch_size_of(config)
-        # One shrink; plan_fusion only times steps, so the copies' initial values do not matter.
-        template = build_member(self.spec.model, config, self.scale, shrink_options=self.spec.shrink_options())
-        plan = plan_fusion(lambda: copy.deepcopy(template), (x[:size], y[:size]), self.spec.loss,
-                           max_members=self.max_members, steps=PLAN_STEPS, threads=self.threads)
-        logger.info("plan_fusion for group %s: F=%d (%s)", key, plan.num_members, plan.reason)
+        x, y = self.data[0].sample(size)
+        template = build_member(self.spec.model, config, self.scale,  # one shrink; plan_fusion only times steps,
+                                shrink_options=self.spec.shrink_options())
+        with autocast(self.device, self.spec.precision):               # initial values do not matter
+            plan = plan_fusion(lambda: copy.deepcopy(template), (x, y), self.spec.loss, max_members=self.max_members,
+                               memory_budget_bytes=self.memory_budget_bytes, device=self.device, steps=PLAN_STEPS,
+                               threads=self.threads)
+        logger.info("plan_fusion for group %s on %s (%s): F=%d (%s)", key, self.device, self.spec.precision,
+                    plan.num_members, plan.reason)
         return plan.num_members
+
+
+_PLANNED_IN_PROCESS: dict[tuple, int] = {}  # (group key, scale, device type, precision) -> F
+
+
+def fusion_in_trial(spec: TuneSpec, config: Mapping, scale: int, data: tuple[DataSource, DataSource],
+                    max_members: int, device: torch.device, memory_budget_bytes: int | None = None) -> int:
+    """F for a trial's members, measured in the trial's own process: on its device, in its precision, within
+    its memory budget; planned once per (group key, scale, device type, precision) in this process."""
+    key = (spec.group_key(config), scale, device.type, spec.precision)
+    if key not in _PLANNED_IN_PROCESS:
+        planner = MeasuredFusion(spec, scale, data, max_members, torch.get_num_threads(), device, memory_budget_bytes)
+        _PLANNED_IN_PROCESS[key] = planner.fusion_for(key, config)
+    return min(_PLANNED_IN_PROCESS[key], max_members)

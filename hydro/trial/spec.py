@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-Batch = tuple[Tensor, Tensor]
+from hydro.trial.data import Batch, DataSource, as_source
+from hydro.trial.precision import Precision
+
 MetricFn = Callable[[Tensor, Tensor], Tensor]
 
 TRAIN_LOSS, VAL_LOSS = "train_loss", "val_loss"
@@ -23,7 +25,9 @@ class TuneSpec:
     """A workload written as plain torch, for one model and one configuration (a dict).
 
     - ``model(config) -> nn.Module``: the full-size model (Hydro shrinks and fuses it; no edits needed).
-    - ``data() -> (train, val)``: each ``(inputs [N, ...], targets [N, ...])`` or an object with ``.x``/``.y``.
+    - ``data() -> (train, val)``: each ``(inputs [N, ...], targets [N, ...])`` tensors or an object with
+      ``.x``/``.y`` (the fast path: moved to the trial's device once), a map-style or iterable torch ``Dataset``
+      of ``(input, target)`` samples, or a :class:`~hydro.trial.data.LoaderFactory` (your own ``DataLoader``).
     - ``loss``: a torch loss of one model's output and the targets, reduced to a scalar.
     - ``optimizer(params, config) -> torch.optim.Optimizer``: e.g. ``torch.optim.SGD(params, lr=config["lr"])``.
     - ``metrics``: extra validation metrics ``fn(output [N, ...], target) -> scalar`` (``val_loss`` is always
@@ -40,6 +44,14 @@ class TuneSpec:
       retried or restored trial replays at most ``checkpoint_every - 1`` epochs.
     - ``shrink_fixed``, ``shrink_min_width``, ``shrink_strict``: ``hydro.shrink``'s ``fixed`` (module paths kept
       at full width), ``min_width`` and ``strict`` for the surrogates and the µP target.
+    - ``device``: where a trial trains its members, batches and targets: ``"auto"`` (the GPU Ray assigned the
+      trial, see ``gpus_per_trial``; else the CPU), ``"cpu"``, ``"cuda"``.
+    - ``data_workers``: ``DataLoader`` worker processes per trial for ``Dataset`` splits (0: in the trial).
+    - ``precision``: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast, a dynamic loss scale per
+      member: one member's overflow skips only its own step); see :mod:`hydro.trial.precision`.
+    - ``compile``: ``torch.compile`` the fused model of each trial (compiles once per trial process and shape).
+    - ``memory_budget_bytes``: memory one trial may use (default: the device's, or on CUDA the trial's share
+      of the GPU); members that need more are split into smaller fused chunks (:mod:`hydro.trial.memory`).
     """
 
     model: Callable[[Mapping], nn.Module]
@@ -59,6 +71,11 @@ class TuneSpec:
     shrink_fixed: tuple[str, ...] = ()
     shrink_min_width: int = 8
     shrink_strict: bool = False
+    device: str = "auto"
+    data_workers: int = 0
+    precision: Precision = Precision.FP32
+    compile: bool = False
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("min", "max"):
@@ -67,6 +84,19 @@ class TuneSpec:
             raise ValueError(f"TuneSpec.epochs must be >= 1, got {self.epochs}")
         if self.checkpoint_every < 1:
             raise ValueError(f"TuneSpec.checkpoint_every must be >= 1 (epochs), got {self.checkpoint_every}")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except RuntimeError as error:
+                raise ValueError(f"TuneSpec.device must be 'auto' or a torch device ('cpu', 'cuda', 'cuda:1'), "
+                                 f"got {self.device!r}") from error
+        try:
+            self.precision = Precision(self.precision)
+        except ValueError as error:
+            raise ValueError(f"TuneSpec.precision must be one of {[p.value for p in Precision]}, "
+                             f"got {self.precision!r}") from error
+        if self.data_workers < 0:
+            raise ValueError(f"TuneSpec.data_workers must be >= 0 (DataLoader worker processes), got {self.data_workers}")
         if self.metric not in self.metric_names():
             raise ValueError(f"TuneSpec.metric {self.metric!r} is not reported; the reported metrics are "
                              f"{self.metric_names()} (add it to TuneSpec.metrics)")
@@ -91,18 +121,10 @@ class TuneSpec:
         """Whether metric value ``a`` is strictly better than ``b`` under ``mode``."""
         return a > b if self.mode == "max" else a < b
 
-    def load_data(self) -> tuple[Batch, Batch]:
-        """``(train, val)`` as ``((x, y), (x, y))`` tensors."""
+    def load_data(self) -> tuple[DataSource, DataSource]:
+        """``(train, val)`` of ``data()`` as batch sources (see :mod:`hydro.trial.data`)."""
         loaded = self.data()
         if not isinstance(loaded, (tuple, list)) or len(loaded) < 2:
-            raise ValueError("TuneSpec.data() must return (train, val), each (inputs, targets) or with .x/.y")
-        return _as_batch(loaded[0], "train"), _as_batch(loaded[1], "val")
-
-
-def _as_batch(split, name: str) -> Batch:
-    if hasattr(split, "x") and hasattr(split, "y"):
-        return split.x, split.y
-    if isinstance(split, (tuple, list)) and len(split) == 2:
-        return split[0], split[1]
-    raise ValueError(f"TuneSpec.data(): the {name} split must be (inputs, targets) or have .x/.y, "
-                     f"got {type(split).__name__}")
+            raise ValueError("TuneSpec.data() must return (train, val), each (inputs, targets) tensors, an object "
+                             "with .x/.y, a torch Dataset or a LoaderFactory")
+        return as_source(loaded[0], "train", self.data_workers), as_source(loaded[1], "val", self.data_workers)

@@ -3,26 +3,37 @@
 Everything that trains Hydro's trials runs this unit — the Ray Tune trainable, a fill trial in a pipeline's
 bubbles, energy measurement — so a trial trains the same way wherever it runs and its checkpoint continues
 anywhere. The members are built (shrunk to µP surrogates when ``scale > 1``), fused with one translated
-optimizer (or looped, unfused, for plain trials), and trained on batches shared by all members whose order is
-a function of (``spec.seed``, epoch) alone: a trial restored from a checkpoint taken after any step replays
-exactly what it would have trained.
+optimizer (or looped, unfused, for plain trials), moved to the trial's device (``TuneSpec.device``), and
+trained on batches shared by all members whose order is a function of (``spec.seed``, epoch) alone
+(:mod:`hydro.trial.data`): a trial restored from a checkpoint taken after any step replays exactly what it
+would have trained.
 
 Attachments: *gates* can hold the trial between layers (the bubble squeezer's layer-boundary hooks),
 *observers* see every step and epoch (energy windows, progress).
 """
 from __future__ import annotations
 
-import math
+import gc
+import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from hydro.loss import trial_losses
+from hydro.trial.data import EVAL_BATCH, Batch, DataSource, as_source, batch_order
+from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
+from hydro.trial.memory import MemoryBudget
 from hydro.trial.plan import TrialPlan
-from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS, Batch, TuneSpec
+from hydro.trial.precision import MemberLossScaler, Precision, autocast
+from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS, TuneSpec
+
+__all__ = ["FusedTrial", "Gate", "Observer", "batch_order"]
+
+logger = logging.getLogger(__name__)
 
 
 class Gate(ABC):
@@ -47,94 +58,197 @@ class Observer:
         """After each epoch's evaluation; ``metrics``: name -> per-member values ``[F]``."""
 
 
-def batch_order(seed: int, epoch: int, size: int) -> Tensor:
-    """Sample order of ``epoch`` (1-based) over a split of ``size`` samples: a function of (seed, epoch)."""
-    return torch.randperm(size, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-
-
 class FusedTrial:
     """The members of one trial (``plan.members``, or the ``member_ids`` still training after a restore) and
-    their training on ``data`` = ``(train, val)`` tensors ``([N, ...], [N, ...])``.
+    their training on ``data`` = ``(train, val)``, each a split as ``TuneSpec.data()`` may return it (tensors
+    ``([N, ...], [N, ...])``, a ``Dataset``, ...) or a :class:`~hydro.trial.data.DataSource`.
 
+    ``device``: where members, batches and targets live (default: ``TuneSpec.device`` resolved here).
+    ``memory_budget_bytes``: what training may use (default ``TuneSpec.memory_budget_bytes``). ``chunks``: the
+    members as fused units trained one after another on each batch: one (or units of ``fusion`` members, e.g.
+    as planned on the trial's device), until training a unit runs out of memory (``torch.OutOfMemoryError``, or over the budget); the unit is then split in two and the batch
+    retried for them, so every member still trains every batch exactly once. ``max_fusion``: the most members
+    trained fused at once without running out of memory (``fusion`` or all the trial's members, until a split).
     ``epoch``: completed epochs; ``step``: batches done of the epoch in progress. ``fallback``: why fusion fell
-    back to unfused training (``TuneSpec.fallback_unfused``), else ``None``.
+    back to unfused training (``TuneSpec.fallback_unfused``), else ``None``. ``data_wait_s``/``train_s``:
+    seconds spent waiting for training batches / in training steps (the wait included).
     """
 
-    def __init__(self, spec: TuneSpec, plan: TrialPlan, data: tuple[Batch, Batch], *,
-                 member_ids: Sequence[str] | None = None, gates: Sequence[Gate] = (),
-                 observers: Sequence[Observer] = ()) -> None:
+    def __init__(self, spec: TuneSpec, plan: TrialPlan, data: tuple, *, member_ids: Sequence[str] | None = None,
+                 gates: Sequence[Gate] = (), observers: Sequence[Observer] = (),
+                 device: torch.device | str | None = None, memory_budget_bytes: int | None = None,
+                 fusion: int | None = None) -> None:
         configs = dict(plan.members)
         ids = list(member_ids) if member_ids is not None else list(configs)
-        self.spec, self.plan, self.data = spec, plan, data
-        self.members: Members
-        self.members, self.fallback = build_members(spec, [configs[m] for m in ids], ids, plan.scale,
-                                                    fuse=plan.fused, mup=plan.mup)
+        self.spec, self.plan = spec, plan
+        self.device = resolve_device(spec.device) if device is None else torch.device(device)
+        self.data: tuple[DataSource, DataSource] = tuple(
+            as_source(split, name, spec.data_workers).to(self.device) for split, name in zip(data, ("train", "val")))
+        members, self.fallback = build_members(spec, [configs[m] for m in ids], ids, plan.scale, fuse=plan.fused,
+                                               mup=plan.mup, device=self.device)
+        self.max_fusion = min(len(ids), fusion or len(ids))  # the most members trained fused at once (that fit)
+        self.chunks: list[Members] = [members]  # trained one after another on each batch; an OOM splits one
+        if self.max_fusion < len(ids):
+            whole, rest = divmod(len(ids), self.max_fusion)
+            self.chunks = members.split([self.max_fusion] * whole + ([rest] if rest else []))
+        self.budget = MemoryBudget(spec.memory_budget_bytes if memory_budget_bytes is None else memory_budget_bytes,
+                                   self.device)
         self.batch_size = spec.batch_size_of(configs[ids[0]])
+        self.scaler = MemberLossScaler(len(ids), self.device) if spec.precision is Precision.FP16 else None
         self.epoch, self.step = 0, 0
         self._loss_sum: Tensor | None = None  # [F], the epoch in progress
         self._seen = 0
+        self._batches: Iterator[Batch] | None = None  # the rest of the epoch in progress
+        self.data_wait_s = self.train_s = 0.0
         self.gates, self.observers = list(gates), list(observers)
         for gate in self.gates:
             gate.attach(self)
 
     @property
+    def members(self) -> Members:
+        """The members as one unit (only while they are one chunk)."""
+        if len(self.chunks) > 1:
+            raise RuntimeError(f"FusedTrial.members: the members were split into {len(self.chunks)} chunks after "
+                               f"running out of memory; use FusedTrial.chunks")
+        return self.chunks[0]
+
+    @property
     def member_ids(self) -> list[str]:
-        return self.members.member_ids
+        return [m for chunk in self.chunks for m in chunk.member_ids]
 
     @property
     def fused(self) -> bool:
-        return self.members.fused
+        return self.chunks[0].fused
 
     @property
-    def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.data[0][1]) / self.batch_size)
+    def steps_per_epoch(self) -> int | None:
+        """Training batches per epoch (``None`` for an iterable dataset, known only once read)."""
+        return self.data[0].num_batches(self.batch_size)
 
     def modules(self) -> list[torch.nn.Module]:
-        """The modules that train (one fused model, or one model per member when unfused)."""
-        return self.members.modules()
+        """The modules that train (a fused model per chunk, or one model per member when unfused)."""
+        return [module for chunk in self.chunks for module in chunk.modules()]
 
-    def train_step(self) -> Tensor:
-        """Train one batch of the epoch in progress; returns the members' losses ``[F]``."""
-        (x, y), _ = self.data
-        if self.step == 0:
-            self.members.train(True)
-        index = batch_order(self.spec.seed, self.epoch + 1, len(y)).split(self.batch_size)[self.step]
-        self.members.zero_grad()
-        losses = trial_losses(self.spec.loss, self.members(x[index]), y[index])  # [F]
-        losses.sum().backward()  # member i's gradient is exactly that of its own loss
-        self.members.step()
-        losses = losses.detach()
-        total = losses * len(index)
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers that step the members (one per chunk, or one per member when unfused)."""
+        return [optimizer for chunk in self.chunks for optimizer in chunk.optimizers()]
+
+    def train_step(self) -> Tensor | None:
+        """Train the next batch of the epoch in progress; returns the members' losses ``[F]``, or ``None`` when
+        the epoch has no batch left (``train_epoch`` then closes it)."""
+        start = time.perf_counter()
+        if self._batches is None:
+            self._batches = self.data[0].train_batches(self.batch_size, self.spec.seed, self.epoch + 1, self.step,
+                                                       self.device)
+        batch = next(self._batches, None)
+        self.data_wait_s += time.perf_counter() - start
+        if batch is None:
+            return None
+        x, y = batch
+        parts, overflowed, index, offset = [], [], 0, 0
+        while index < len(self.chunks):
+            chunk = self.chunks[index]
+            members = slice(offset, offset + len(chunk.member_ids))  # its members' positions in the trial
+            if self.step == 0:
+                chunk.train(True)
+            try:
+                losses = self._backward(chunk, x, y, members)
+            except torch.OutOfMemoryError as error:
+                failure = str(error).splitlines()[0]  # only the message: the traceback holds the failed graph,
+            else:                                     # which must be gone before the members are sliced
+                failure = None
+            if failure is not None:
+                self._split(index, failure)
+                continue
+            if self.scaler is None:
+                chunk.step()
+            else:
+                overflowed.append(chunk.unscale_(self.scaler.scale[members]))
+                chunk.step(skip=overflowed[-1])
+            parts.append(losses)
+            index, offset = index + 1, members.stop
+        if self.scaler is not None:
+            self.scaler.update(torch.cat(overflowed))
+        losses = torch.cat(parts)
+        total = losses * len(y)
         self._loss_sum = total if self._loss_sum is None else self._loss_sum + total
-        self._seen += len(index)
+        self._seen += len(y)
         self.step += 1
+        self.train_s += time.perf_counter() - start
         for observer in self.observers:
             observer.on_step_end(self, losses)
         return losses
 
+    def _backward(self, chunk: Members, x: Tensor, y: Tensor, members: slice) -> Tensor:
+        """Forward and backward of one chunk on the batch; its members' losses ``[n]`` (detached, float)."""
+        chunk.zero_grad()
+        with self.budget.watch(chunk.modules(), chunk.optimizers()):
+            with autocast(self.device, self.spec.precision):
+                losses = trial_losses(self.spec.loss, chunk(x), y)  # [n]
+            if self.scaler is None:
+                losses.sum().backward()  # member i's gradient is exactly that of its own loss
+            else:
+                self.scaler.scaled(losses, members).backward()
+        return losses.detach().float()
+
+    def _split(self, index: int, failure: str) -> None:
+        """Split chunk ``index`` in two after it ran out of memory (``failure``; one member alone: raise)."""
+        chunk = self.chunks[index]
+        chunk.zero_grad()
+        gc.collect()  # the failed step's graph may sit in reference cycles (traceback frames)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        count = len(chunk.member_ids)
+        if count == 1:
+            raise torch.OutOfMemoryError(f"hydro.trial.unit: one member alone does not fit in memory ({failure}); "
+                                         f"use a smaller batch size or model (TuneSpec.batch_size, scale), or a "
+                                         f"larger TuneSpec.memory_budget_bytes")
+        logger.warning("training %d members fused ran out of memory (%s); continuing with %d and %d",
+                       count, failure, count // 2, count - count // 2)
+        for gate in self.gates:  # the gates' hooks move to the new chunks' modules
+            gate.detach(self)
+        self.chunks[index:index + 1] = chunk.split([count // 2, count - count // 2])
+        for gate in self.gates:
+            gate.attach(self)
+        self.max_fusion = min(self.max_fusion, count - count // 2)
+
     def train_epoch(self) -> Tensor:
         """Finish the epoch in progress; the members' mean training loss over it ``[F]``."""
-        while self.step < self.steps_per_epoch:
-            self.train_step()
+        while self.train_step() is not None:
+            pass
+        if not self._seen:
+            raise ValueError(f"hydro.trial.unit: the training split gave no batch in epoch {self.epoch + 1}; "
+                             f"TuneSpec.data() must return a non-empty train split")
         mean = self._loss_sum / self._seen
-        self.epoch, self.step, self._loss_sum, self._seen = self.epoch + 1, 0, None, 0
+        self.epoch, self.step, self._loss_sum, self._seen, self._batches = self.epoch + 1, 0, None, 0, None
         return mean
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Tensor]:
         """``val_loss`` and every metric of ``spec.metrics`` per member, each ``[F]``: means over the
         validation split in chunks (weighted by chunk size, so exact for metrics that are means over samples)."""
-        _, (x, y) = self.data
-        self.members.train(False)
+        for chunk in self.chunks:
+            chunk.train(False)
         sums: dict[str, Tensor] = {}
-        for index in torch.arange(len(y)).split(max(self.batch_size, 256)):
-            output, target = self.members(x[index]), y[index]  # [F, n, ...], [n, ...]
-            values = {VAL_LOSS: trial_losses(self.spec.loss, output, target)}
-            for name, fn in self.spec.metrics.items():
-                values[name] = torch.stack([torch.as_tensor(fn(out, target), dtype=torch.float64) for out in output])
-            for name, value in values.items():
-                sums[name] = sums.get(name, 0) + value.double() * len(index)
-        return {name: total / len(y) for name, total in sums.items()}
+        count = 0
+        for x, target in self.data[1].eval_batches(max(self.batch_size, EVAL_BATCH), self.device):
+            parts = [self._chunk_metrics(chunk, x, target) for chunk in self.chunks]
+            for name in parts[0]:
+                sums[name] = sums.get(name, 0) + torch.cat([p[name] for p in parts]) * len(target)
+            count += len(target)
+        if not count:
+            raise ValueError("hydro.trial.unit: the validation split gave no batch; TuneSpec.data() must return "
+                             "a non-empty val split")
+        return {name: total / count for name, total in sums.items()}
+
+    def _chunk_metrics(self, chunk: Members, x: Tensor, target: Tensor) -> dict[str, Tensor]:
+        """``val_loss`` and ``spec.metrics`` of one chunk's members on one batch, each ``[n]`` float64."""
+        with autocast(self.device, self.spec.precision):
+            output = chunk(x)  # [n, N, ...]
+            values = {VAL_LOSS: trial_losses(self.spec.loss, output, target).double()}
+        for name, fn in self.spec.metrics.items():
+            values[name] = torch.stack([torch.as_tensor(fn(out, target), dtype=torch.float64) for out in output])
+        return values
 
     def run_epoch(self) -> dict[str, Tensor]:
         """Train the rest of the epoch and evaluate: ``train_loss`` and the validation metrics, each ``[F]``."""
@@ -145,22 +259,51 @@ class FusedTrial:
 
     def keep(self, positions: Sequence[int]) -> None:
         """Go on with the members at ``positions`` only (early-stopped members leave with their state)."""
-        self.members.keep(positions)
+        positions, start, chunks = list(positions), 0, []
+        for chunk in self.chunks:
+            count = len(chunk.member_ids)
+            local = [p - start for p in positions if start <= p < start + count]
+            if local:
+                chunk.keep(local)
+                chunks.append(chunk)
+            start += count
+        self.chunks = chunks
+        if self.scaler is not None:
+            self.scaler.keep(positions)
         if self._loss_sum is not None:
             self._loss_sum = self._loss_sum[list(positions)]
 
     def state_dict(self) -> dict:
-        """Everything to continue elsewhere: members (weights, optimizer state), progress, torch's RNG state."""
-        return {"member_ids": self.member_ids, "members": self.members.state_dict(), "epoch": self.epoch,
-                "step": self.step, "loss_sum": self._loss_sum, "seen": self._seen, "torch_rng": torch.get_rng_state()}
+        """Everything to continue elsewhere (any device): members (weights, optimizer state), progress, torch's
+        RNG states."""
+        cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return {"member_ids": self.member_ids, "chunks": [len(chunk.member_ids) for chunk in self.chunks],
+                "max_fusion": self.max_fusion,
+                "members": [chunk.state_dict() for chunk in self.chunks], "epoch": self.epoch,
+                "step": self.step, "loss_sum": self._loss_sum, "seen": self._seen, "torch_rng": torch.get_rng_state(),
+                "cuda_rng": cuda_rng, "scaler": None if self.scaler is None else self.scaler.state_dict()}
 
     def load_state_dict(self, state: Mapping) -> None:
         if list(state["member_ids"]) != self.member_ids:
             raise ValueError(f"FusedTrial.load_state_dict: the checkpoint holds members {list(state['member_ids'])}, "
                              f"this trial {self.member_ids}; build it with member_ids=checkpoint['member_ids']")
-        self.members.load_state_dict(state["members"])
-        self.epoch, self.step, self._loss_sum, self._seen = state["epoch"], state["step"], state["loss_sum"], state["seen"]
+        if len(self.chunks) == 1 and len(state["chunks"]) > 1:  # the checkpointed trial had split after an OOM
+            self.chunks = self.chunks[0].split(state["chunks"])
+        if [len(chunk.member_ids) for chunk in self.chunks] != state["chunks"]:
+            raise ValueError(f"FusedTrial.load_state_dict: the checkpoint holds chunks of {state['chunks']} members, "
+                             f"this trial chunks of {[len(c.member_ids) for c in self.chunks]}; load it into a new trial")
+        for chunk, saved in zip(self.chunks, state["members"], strict=True):
+            chunk.load_state_dict(saved)
+        self.max_fusion = state["max_fusion"]
+        loss_sum = state["loss_sum"]
+        self.epoch, self.step, self._seen = state["epoch"], state["step"], state["seen"]
+        self._loss_sum = None if loss_sum is None else loss_sum.to(self.device)
+        self._batches = None
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
 
     def close(self) -> None:
         """Detach the gates."""

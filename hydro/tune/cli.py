@@ -55,6 +55,8 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--address", help="Ray cluster address ('auto' or host:port); default: $RAY_ADDRESS "
                                           "(set inside 'ray job submit'), else an embedded local cluster "
                                           "listening on 127.0.0.1 only")
+    parser.add_argument("--gpus-per-trial", type=float, default=0.0,
+                        help="GPUs per trial (fractions below 1 share a card); trials train on the GPU Ray gives them")
     parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
@@ -163,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
                          searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
                          transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
                          seed=args.seed, data=data, energy=energy,
-                         bubbles=args.bubbles)
+                         bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
     except TuningFailed as failed:
         _print_members(failed.results, spec)
         print(f"\nhydro tune: {failed}\nwritten: {os.path.join(failed.results.experiment_path, MEMBER_TABLE_FILE)}",

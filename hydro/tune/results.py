@@ -141,7 +141,7 @@ def load_model(result: Result, spec: TuneSpec) -> nn.Module:
         state = torch.load(os.path.join(directory, STATE_FILE), weights_only=False)
     (member, config), = plan.members
     members, _ = build_members(spec, [config], [member], 1, fuse=False, mup=plan.mup)
-    members.load_state_dict(state["members"])
+    members.load_state_dict(state["members"][0])  # the target trains as one chunk
     trained = members.modules()[0]
     if isinstance(trained, FusedModel):  # a µP target (F=1): its weights go into the user's own model
         trained = unfuse(trained)[0]

@@ -11,7 +11,8 @@ from ray.tune.search import Searcher
 
 from hydro.energy.tuning import EnergySettings
 from hydro.trial.check import WorkloadError, check_workload
-from hydro.trial.spec import Batch, TuneSpec
+from hydro.trial.data import DataSource
+from hydro.trial.spec import TuneSpec
 from hydro.tune.bubble_scheduler import BubbleScheduler
 from hydro.tune.energy_scheduler import for_hydro
 from hydro.tune.fill_trainable import bubble_fill
@@ -19,7 +20,7 @@ from hydro.tune.progress import MemberProgress, show_progress
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import failure_summary, write_results
 from hydro.tune.searcher import HydroSearcher
-from hydro.tune.trainable import trainable
+from hydro.tune.trainable import trainable, trial_resources
 
 NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 
@@ -42,7 +43,7 @@ def trial_dirname(trial) -> str:
     return f"{trial.trainable_name}_{trial.trial_id}"
 
 
-def prepare(spec: TuneSpec, param_space: dict, *, scale: int = 1, seed: int = 0) -> tuple[Batch, Batch]:
+def prepare(spec: TuneSpec, param_space: dict, *, scale: int = 1, seed: int = 0) -> tuple[DataSource, DataSource]:
     """Load the workload's data and check the workload on it, in this process (no Ray): two fused members of
     one configuration drawn from ``param_space`` and the full-size target, one batch each. Returns the data;
     raises :class:`~hydro.trial.check.WorkloadError` naming what failed."""
@@ -81,8 +82,9 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
         max_fusion: int = 64, scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
         max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1,
-        callbacks: Sequence[tune.Callback] = (), data: tuple[Batch, Batch] | None = None,
-        energy: EnergySettings | None = None, bubbles: bool = False) -> tuple[tune.ResultGrid, HydroSearcher]:
+        callbacks: Sequence[tune.Callback] = (), data: tuple[DataSource, DataSource] | None = None,
+        energy: EnergySettings | None = None, bubbles: bool = False, cpus_per_trial: float = 1,
+        gpus_per_trial: float = 0) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
     table and best configuration written to its directory) and the searcher.
 
@@ -92,7 +94,12 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     that crashed (deterministic errors, e.g. a member that cannot be built, are not retried). ``energy``:
     energy-tune the trials (:func:`hydro.tune.energy_scheduler.for_hydro` schedules them). ``bubbles``: the fused
     trials run in the bubbles of the pipeline jobs registered with the cluster's placement service (late-stage
-    trials and the target on its dedicated workers; see :mod:`hydro.tune.fill_trainable`). Raises
+    trials and the target on its dedicated workers; see :mod:`hydro.tune.fill_trainable`).
+    ``cpus_per_trial``/``gpus_per_trial``: each trial's Ray resources (fractional GPUs share a card; see
+    ``trainable``). With GPUs and ``fusion="auto"``, fusion is planned where the trials run (the driver may have
+    no GPU): the searcher hands out up to ``max_fusion`` members per trial, each trial measures how many fit and
+    train fast on its device and trains them in chunks of that many, and the group's later trials get that
+    many members. Raises
     :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""
     if energy is not None and energy.batch_sizes and "batch_size" in param_space:
         raise ValueError("hydro tune --energy: the batch size is chosen per fused group by the energy bandit; remove "
@@ -101,17 +108,25 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     if energy is not None and bubbles:
         raise ValueError("hydro: energy tuning and bubble filling are separate schedulers and cannot be combined yet; "
                          "run with one of energy=... (--energy) or bubbles=True (--bubbles)")
+    if bubbles and gpus_per_trial:
+        raise ValueError("hydro: bubble filling runs fused trials on the pipeline stages' own devices; "
+                         "gpus_per_trial does not apply with bubbles=True (--bubbles): leave it at 0")
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    trial_resources(spec, cpus_per_trial, gpus_per_trial)  # bad resources fail before data loads
     data = data if data is not None else prepare(spec, param_space, scale=scale, seed=seed)
-    hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale, fusion=fusion,
+    in_trial = fusion == "auto" and gpus_per_trial > 0
+    hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,
+                                   fusion=max_fusion if in_trial else fusion,
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data)
     progress = [MemberProgress(spec.metric, spec.mode, num_samples)] if verbose >= 1 else []
     if progress:
         show_progress()
     tuner = tune.Tuner(
-        bubble_fill(spec) if bubbles else trainable(spec, data, energy), param_space=param_space,
+        bubble_fill(spec) if bubbles else
+        trainable(spec, data, energy, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial, plan_fusion=in_trial),
+        param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
                                     scheduler=BubbleScheduler() if bubbles else
                                     None if energy is None else for_hydro(energy, spec, seed),

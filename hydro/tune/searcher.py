@@ -26,7 +26,8 @@ from ray.tune.search.sample import Domain
 from hydro.trial.check import check_member
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
-from hydro.trial.spec import Batch, TuneSpec
+from hydro.trial.data import DataSource
+from hydro.trial.spec import TuneSpec
 from hydro.tune.member_decisions import start_service
 from hydro.tune.member_rules import refuse_trial_scheduler, stopping_rule
 from hydro.tune.random_search import RandomSearch
@@ -51,6 +52,7 @@ class SearchState:
     space: dict
     target_trial: str | None = None
     rejected: dict[str, tuple[dict, str]] = field(default_factory=dict)  # member -> (config, why)
+    trial_groups: dict = field(default_factory=dict)  # surrogate trial id -> its members' group key
 
 
 class HydroSearcher(Searcher):
@@ -70,7 +72,7 @@ class HydroSearcher(Searcher):
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int = 1,
                  fusion: int | str | FusionPlanner = "auto", max_fusion: int = 64,
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
-                 seed: int | None = None, data: tuple[Batch, Batch] | None = None, trial_cpus: int = 1) -> None:
+                 seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
@@ -111,6 +113,7 @@ class HydroSearcher(Searcher):
         members = state.pool.draw(self._suggest_member, self.spec.group_key, self._fusion_for)
         if members:
             state.ledger.add_trial(trial_id, [m for m, _ in members])
+            state.trial_groups[trial_id] = self.spec.group_key(members[0][1])
             plan = TrialPlan(TrialKind.SURROGATE, members, self.scale, self.scale > 1, self._service_name(),
                              reports_objective=self.transfer.fraction is None)
             return {**_unset(state.space), **plan.to_config()}
@@ -121,6 +124,7 @@ class HydroSearcher(Searcher):
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         self._forward(self.state.ledger.observe(_member_results(result)))
+        self._replan(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if result:
@@ -202,6 +206,16 @@ class HydroSearcher(Searcher):
             self._planner = MeasuredFusion(self.spec, self.scale, self._data, min(pool.max_fusion, pool.num_samples),
                                            self.trial_cpus)
         return self._planner.fusion_for(key, config)
+
+    def _replan(self, trial_id: str, result: Mapping) -> None:
+        """A surrogate trial that ran out of memory trained its members in smaller fused chunks: later trials of
+        its group get at most that many members."""
+        key, fused_at_once = self.state.trial_groups.get(trial_id), result.get("max_fusion")
+        planned = self.state.pool.fusion.get(key)
+        if fused_at_once is not None and planned is not None and fused_at_once < planned:
+            logger.warning("group %s ran out of memory at %d fused members: its later trials get %d",
+                           key, planned, fused_at_once)
+            self.state.pool.fusion[key] = fused_at_once
 
     def _nothing_left(self) -> bool:
         return self.state.pool.exhausted and not self.state.ledger.running()

@@ -17,13 +17,17 @@ import os
 import tempfile
 from collections.abc import Callable
 
+import ray
 import torch
 from ray import tune
 
 from hydro.energy.observer import EnergyObserver
 from hydro.energy.tuning import EnergySettings, trial_observer
 from hydro.trial.check import CONFIG_ERRORS
-from hydro.trial.spec import Batch, TuneSpec
+from hydro.trial.data import DataSource
+from hydro.trial.device import resolve_device
+from hydro.trial.fusion import fusion_in_trial
+from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.session import MemberSession
 
@@ -32,36 +36,65 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "hydro_trial.pt"
 
 
-def trainable(spec: TuneSpec, data: tuple[Batch, Batch] | None = None,
-              energy: EnergySettings | None = None) -> Callable[[dict], None]:
+def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
+              energy: EnergySettings | None = None, *, cpus_per_trial: float = 1, gpus_per_trial: float = 0,
+              plan_fusion: bool = False) -> Callable[[dict], None]:
     """A function trainable for ``tune.Tuner``/``tune.run``: Hydro trials when the config comes from a
     ``HydroSearcher``, one plain full-size unfused training otherwise (the stock Ray Tune baseline).
 
     ``data``: ``spec.load_data()`` already loaded by the driver; it is put in Ray's object store once
     (``tune.with_parameters``, so Ray must be initialised) instead of every trial loading it. Without it,
-    each trial calls ``spec.load_data()``. ``energy``: measure each trial's energy (``hydro tune --energy``)."""
+    each trial calls ``spec.load_data()``. ``energy``: measure each trial's energy (``hydro tune --energy``).
+    ``cpus_per_trial``/``gpus_per_trial``: each trial's Ray resources
+    (``tune.with_resources``; fractional GPUs below 1 share a card); with ``TuneSpec.device="auto"`` a trial
+    given a GPU trains on it. ``plan_fusion``: a surrogate trial measures how many of its members to train
+    fused at once on its own device, precision and memory (once per group in each trial process; see
+    :func:`hydro.trial.fusion.fusion_in_trial`) and trains them in chunks of that many."""
+    resources = trial_resources(spec, cpus_per_trial, gpus_per_trial)
     if data is None:
         def hydro_trial(config: dict) -> None:
-            run_trial(spec, config, energy=energy)
+            run_trial(spec, config, energy=energy, plan_fusion=plan_fusion)
 
-        return hydro_trial
+        function = hydro_trial
+    else:
+        def hydro_trial(config: dict, data: tuple[DataSource, DataSource]) -> None:  # the same name: restorable
+            run_trial(spec, config, data, energy, plan_fusion=plan_fusion)          # either way
 
-    def hydro_trial(config: dict, data: tuple[Batch, Batch]) -> None:  # the same name: restorable either way
-        run_trial(spec, config, data, energy)
-
-    return tune.with_parameters(hydro_trial, data=data)
+        function = tune.with_parameters(hydro_trial, data=data)
+    return function if resources == {"cpu": 1} else tune.with_resources(function, resources)
 
 
-def run_trial(spec: TuneSpec, config: dict, data: tuple[Batch, Batch] | None = None,
-              energy: EnergySettings | None = None) -> None:
+def trial_resources(spec: TuneSpec, cpus_per_trial: float = 1, gpus_per_trial: float = 0) -> dict[str, float]:
+    """Ray resources of one trial, checked before anything runs."""
+    if cpus_per_trial <= 0:
+        raise ValueError(f"hydro.tune: cpus_per_trial must be > 0, got {cpus_per_trial}")
+    if gpus_per_trial < 0 or (gpus_per_trial > 1 and gpus_per_trial != int(gpus_per_trial)):
+        raise ValueError(f"hydro.tune: gpus_per_trial must be a fraction in [0, 1] or a whole number of GPUs "
+                         f"(Ray's rule), got {gpus_per_trial}")
+    if gpus_per_trial == 0 and torch.device(spec.device if spec.device != "auto" else "cpu").type == "cuda":
+        raise ValueError(f"hydro.tune: TuneSpec.device={spec.device!r} but gpus_per_trial=0: Ray gives such a "
+                         f"trial no GPU; set gpus_per_trial (e.g. 1 or 0.5) or TuneSpec.device='auto'")
+    return {"cpu": cpus_per_trial, **({"gpu": gpus_per_trial} if gpus_per_trial else {})}
+
+
+def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] | None = None,
+              energy: EnergySettings | None = None, *, plan_fusion: bool = False) -> None:
     """Train the trial described by ``config`` (see :mod:`hydro.trial.plan`) for ``spec.epochs`` on ``data``
-    (default: ``spec.load_data()``). With ``energy``, an :class:`~hydro.energy.observer.EnergyObserver` measures
-    it: each member reports its ``energy_j``/``cost`` share, the trial its totals and ``member_epoch_cost``."""
+    (default: ``spec.load_data()``), on the device of ``TuneSpec.device`` given the GPUs Ray assigned. With
+    ``energy``, an :class:`~hydro.energy.observer.EnergyObserver` measures it: each member reports its
+    ``energy_j``/``cost`` share, the trial its totals and ``member_epoch_cost``."""
+    gpu_ids = ray.get_gpu_ids()
+    device = resolve_device(spec.device, gpu_ids)
+    budget = _gpu_share_bytes(spec, device)
+    data = data if data is not None else spec.load_data()
     state = _restored_state()
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None)
+    plan, fusion = session.plan, None
+    if plan_fusion and plan.fused and not state:  # a restored trial takes the chunks of its checkpoint
+        fusion = fusion_in_trial(spec, plan.members[0][1], plan.scale, data, len(session.member_ids), device, budget)
     try:
-        trial = FusedTrial(spec, session.plan, data if data is not None else spec.load_data(),
-                           member_ids=session.member_ids)
+        trial = FusedTrial(spec, plan, data, member_ids=session.member_ids, device=device,
+                           memory_budget_bytes=budget, fusion=fusion)
     except CONFIG_ERRORS as error:  # deterministic: reported as failed members, not raised for Tune to retry
         session.fail(error)
         return
@@ -75,15 +108,18 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[Batch, Batch] | None = N
             trial.observers.append(meter)
             if state and "energy" in state:
                 meter.load_state_dict(state["energy"])
-        _train(spec, trial, session, meter)
+        _train(spec, trial, session, meter, gpu_ids)
     finally:
         if meter is not None:
             meter.close()
 
 
-def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: EnergyObserver | None) -> None:
+def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: EnergyObserver | None,
+           gpu_ids: list) -> None:
+    extra = {"fused": trial.fused, "device": str(trial.device), "gpu_ids": ",".join(map(str, gpu_ids))}
     while trial.epoch < spec.epochs:
-        metrics, extra = trial.run_epoch(), {"fused": trial.fused}
+        metrics = trial.run_epoch()
+        extra.update(max_fusion=trial.max_fusion, data_wait_fraction=trial.data_wait_s / max(trial.train_s, 1e-9))
         if meter is not None:
             metrics = {**metrics, **meter.member_metrics(trial.member_ids)}
             extra.update(meter.trial_metrics())
@@ -101,9 +137,18 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
             return
 
 
+def _gpu_share_bytes(spec: TuneSpec, device: torch.device) -> int | None:
+    """The memory budget of a trial given a fraction of a GPU: that fraction of the card (unless
+    ``TuneSpec.memory_budget_bytes`` sets one)."""
+    share = ray.get_runtime_context().get_assigned_resources().get("GPU", 0)
+    if spec.memory_budget_bytes is not None or device.type != "cuda" or not 0 < share < 1:
+        return spec.memory_budget_bytes
+    return int(share * torch.cuda.get_device_properties(device).total_memory)
+
+
 def _restored_state() -> dict | None:
     checkpoint = tune.get_checkpoint()
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:
-        return torch.load(os.path.join(directory, STATE_FILE), weights_only=False)
+        return torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=False)

@@ -68,12 +68,17 @@ def train_alone(tune_spec: TuneSpec, trial_plan: TrialPlan, epochs: int, member_
         torch.set_num_threads(threads)
 
 
+def _modules(trial_state: dict) -> list[dict]:
+    """The member modules' states of a FusedTrial state, over its chunks."""
+    return [module for chunk in trial_state["members"] for module in chunk["modules"]]
+
+
 def same_members(state: dict, alone: FusedTrial) -> bool:
     """A fill state's member weights equal ``alone``'s (for the members the state holds) bit for bit."""
     ids = list(state["trial"]["member_ids"])
     expected = FusedTrial(alone.spec, alone.plan, alone.data, member_ids=alone.member_ids)
     expected.load_state_dict(alone.state_dict())
     expected.keep([alone.member_ids.index(m) for m in ids])
-    mine, theirs = state["trial"]["members"]["modules"], expected.members.state_dict()["modules"]
+    mine, theirs = _modules(state["trial"]), _modules(expected.state_dict())
     return all(torch.equal(a, b) for m, e in zip(mine, theirs, strict=True)
                for a, b in zip(m.values(), e.values(), strict=True))

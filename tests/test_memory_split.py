@@ -1,0 +1,88 @@
+"""Out of memory in a trial: the fused members that did not fit are split in two and the step retried for
+them, so the trial goes on with every member training every batch (results as without the split); a budget
+too small for one member fails naming the fix. The budget is injected (TuneSpec.memory_budget_bytes, counted on
+CPU as resident tensors plus the activations autograd saves), standing in for a GPU's allocator limit."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hydro.trial.plan import TrialKind, TrialPlan
+from hydro.trial.unit import FusedTrial, Gate
+from tests.tune.workload import small_digits, spec
+
+PLAN = TrialPlan(TrialKind.SURROGATE, [(f"m{i}", {"lr": 0.05 * (i + 1), "momentum": 0.9}) for i in range(4)])
+FITS_TWO = 60_000  # bytes: 4 fused members of the 64-16-10 MLP at batch 32 need more, 2 need less
+FITS_ONE = 40_000
+
+
+def chunk_sizes(trial):
+    return [len(chunk.member_ids) for chunk in trial.chunks]
+
+
+def train(budget=None, epochs=2, precision="fp32"):
+    trial = FusedTrial(spec(memory_budget_bytes=budget, precision=precision), PLAN, small_digits())
+    return trial, [trial.run_epoch() for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("precision,budget,sizes", [("fp32", FITS_TWO, [2, 2]), ("fp32", FITS_ONE, [1, 1, 1, 1]),
+                                                    ("fp16", FITS_ONE, [2, 2])])  # fp16 saves half-size activations
+def test_members_over_the_budget_are_split_and_train_as_before(precision, budget, sizes):
+    _, expected = train(precision=precision)
+    trial, got = train(budget, precision=precision)
+    assert chunk_sizes(trial) == sizes and trial.max_fusion == sizes[0]
+    assert trial.member_ids == [m for m, _ in PLAN.members]
+    for g, e in zip(got, expected):  # exact up to float32 rounding of other GEMM shapes
+        for name in e:
+            torch.testing.assert_close(g[name], e[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_split_trial_checkpoints_restores_and_keeps_members_across_chunks():
+    trial = FusedTrial(spec(memory_budget_bytes=FITS_TWO), PLAN, small_digits())
+    for _ in range(3):
+        trial.train_step()
+    moved = FusedTrial(spec(), PLAN, small_digits())  # a fresh trial: one chunk until it loads the split state
+    moved.load_state_dict(trial.state_dict())
+    assert chunk_sizes(moved) == [2, 2]
+    for t in (trial, moved):
+        t.keep([1, 2])  # one member from each chunk
+    assert chunk_sizes(trial) == [1, 1] and trial.member_ids == ["m1", "m2"]
+    assert trial.max_fusion == moved.max_fusion == 2  # stopped members do not lower what fits
+    want, got = trial.run_epoch(), moved.run_epoch()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    with pytest.raises(RuntimeError, match="split into 2 chunks.*FusedTrial.chunks"):
+        trial.members
+
+
+def test_a_budget_too_small_for_one_member_names_the_fix():
+    with pytest.raises(torch.OutOfMemoryError, match="one member alone does not fit.*batch size or model"):
+        train(budget=20_000, epochs=1)
+    with pytest.raises(ValueError, match="memory budget must be > 0 bytes"):
+        train(budget=0, epochs=1)
+
+
+class CountingGate(Gate):
+    """Counts forward calls of the trial's modules through hooks it installs."""
+
+    def __init__(self):
+        self.calls, self.handles = 0, []
+
+    def attach(self, trial):
+        self.handles = [m.register_forward_hook(self._count) for m in trial.modules()]
+
+    def detach(self, trial):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _count(self, module, inputs, output):
+        self.calls += 1
+
+
+def test_gates_move_to_the_chunks_of_a_split():
+    gate = CountingGate()
+    trial = FusedTrial(spec(memory_budget_bytes=FITS_TWO), PLAN, small_digits(), gates=[gate])
+    trial.train_step()  # the 4-member model fails (one call), then both 2-member chunks train
+    assert chunk_sizes(trial) == [2, 2] and len(gate.handles) == 2 and gate.calls == 3
+    trial.train_step()
+    assert gate.calls == 5
