@@ -96,7 +96,7 @@ def test_a_trial_out_of_memory_splits_its_members_and_later_trials_get_fewer(one
     results, searcher = fit(workload, SPACE, num_samples=8, fusion=4, transfer_fraction=None, max_concurrent_trials=1,
                             storage_path=str(tmp_path), name="oom", verbose=0, seed=0)
     assert not results.errors and len(searcher.member_results()) == 8  # every member finished
-    sizes = sorted((r.metrics["max_fusion"], len(r.config["hydro"]["members"])) for r in results)
+    sizes = sorted((r.metrics["max_fusion"], len(r.config["hydro"].members)) for r in results)
     assert sizes == [(2, 2), (2, 2), (2, 4)]  # the first trial split 4 -> 2 + 2; the searcher then planned 2
 
 
@@ -106,5 +106,5 @@ def test_with_gpus_fusion_is_planned_in_the_trials_not_the_driver(one_gpu_cluste
     assert not results.errors and len(searcher.member_results()) == 4
     assert type(searcher._planner).__name__ == "FixedFusion"  # the driver handed out max_fusion, measured nothing
     (result,) = results  # one trial of the 4 members, which planned how many to fuse on its device (CPU here)
-    assert len(result.config["hydro"]["members"]) == 4 and 1 <= result.metrics["max_fusion"] <= 4
+    assert len(result.config["hydro"].members) == 4 and 1 <= result.metrics["max_fusion"] <= 4
     assert result.metrics["device"] == "cpu" and result.metrics["gpu_ids"] == "0"
