@@ -206,7 +206,7 @@ def _trace_until_stateless(model: nn.Module, leaf_types) -> tuple[_Traced, dict[
                 raise FuseError(f"hydro.fuse: {change.describe(model)}; the fused model cannot keep a copy per member "
                                 f"(tracing runs that Python code once). Fix: {fix}")
             owner = change.module
-            while owner and (owner in per_member or is_leaf(model.get_submodule(owner), owner)):
+            while owner and is_leaf(model.get_submodule(owner), owner):
                 owner = owner.rpartition(".")[0]  # the change is made by code that runs in an enclosing module
             if not owner:
                 raise FuseError(f"hydro.fuse: {change.describe(model)}; state changes of the model's own forward "
