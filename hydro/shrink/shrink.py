@@ -81,7 +81,7 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Colle
     as_mu_parameters(surrogate)
     report = ShrinkReport(scale, tuple(plan.kept + kept), _head_changes(model, surrogate))
     setattr(surrogate, REPORT_ATTR, report)
-    if report.notice():
+    if report.notice() and scale > 1:  # at scale 1 (the full-size target) nothing is scaled, so nothing to say
         warnings.warn(report.notice(), ShrinkWarning, stacklevel=3)  # the caller of hydro.shrink(...)
     return surrogate
 

@@ -36,6 +36,9 @@ def test_layer_without_a_rule_keeps_its_widths_at_full_size():
     assert small(torch.randn(2, 5, 16)).shape == (2, 5, 10)
     kept = small.hydro_shrink_report.kept
     assert len(kept) == 1 and kept[0].widths == ("'inp'.out", "'mid'.in")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the full-size target (scale 1) changes nothing: no warning
+        assert hydro.shrink(WithGRU(), 1).hydro_shrink_report.kept == kept
 
 
 def test_operation_without_a_rule_keeps_its_widths():
