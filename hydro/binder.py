@@ -24,6 +24,7 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 from torch.fx import Node
+from torch.nn.utils import parametrize
 
 from hydro.nn import functional as trialwise_fn
 from hydro.nn.base import expand_members
@@ -73,6 +74,8 @@ def fuse(models: Sequence[nn.Module], *, leaf_modules: Iterable[type[nn.Module]]
     models = list(models)
     if not models or not all(isinstance(m, nn.Module) for m in models):
         raise FuseError("hydro.fuse needs a non-empty sequence of nn.Module members")
+    for i, model in enumerate(models):
+        _check_no_hooks(model, i)
     tracer_leaves = tuple(leaf_modules)
     first, per_member = _trace_until_stateless(models[0], tracer_leaves)
     is_leaf = _leaf_predicate(tracer_leaves, frozenset(per_member))
@@ -341,6 +344,23 @@ def _mutations_in_graph(graph: torch.fx.Graph, twin: nn.Module, constants: dict[
     return changes
 
 
+def _check_no_hooks(model: nn.Module, index: int) -> None:
+    """Forward hooks and parametrizations act outside ``forward``: the fused layers would not apply them."""
+    for path, module in model.named_modules():
+        where = f"hydro.fuse: member {index}, " + (f"module '{path}' ({type(module).__name__})" if path else
+                                                  f"the model ({type(module).__name__})")
+        if parametrize.is_parametrized(module):
+            raise FuseError(f"{where} is parametrized (torch.nn.utils.parametrize, e.g. parametrizations."
+                            f"spectral_norm), which the fused layers would not apply. Fix: fuse the model without "
+                            f"parametrizations (parametrize.remove_parametrizations) or compute the transform in "
+                            f"forward")
+        hooks = [name for kind, name in (("_forward_pre_hooks", "pre-hooks"), ("_forward_hooks", "hooks"))
+                 if getattr(module, kind, None)]
+        if hooks:
+            raise FuseError(f"{where} has forward {' and '.join(hooks)} (register_forward_hook, spectral_norm, "
+                            f"weight_norm, ...), which the fused model would not run. Fix: remove them before fusing, or move what they do into forward")
+
+
 def _leaves(model: nn.Module, is_leaf) -> dict[str, nn.Module]:
     found: dict[str, nn.Module] = {}
 
@@ -504,7 +524,8 @@ def _rewrite(graphs: dict[bool, torch.fx.Graph], fused: FusedModel, models: list
                 continue
             module = fused.get_submodule(node.target)
             takes_shared = getattr(module, "supports_shared_input", False) and all_shared_sites[node.target]
-            if not isinstance(module, ELEMENTWISE) and not takes_shared and _fused_non_data_args(module, node, is_fused):
+            if not isinstance(module, ELEMENTWISE) and not takes_shared \
+                    and _fused_non_data_args(module, node, is_fused):
                 module = VmapModule(models[0].get_submodule(node.target), len(models))
                 load_stacked(module, [m.get_submodule(node.target) for m in models])
                 _set_path(fused, node.target, module)

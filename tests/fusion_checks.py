@@ -22,8 +22,9 @@ def _assert_close_state(actual: dict[str, Tensor], expected: dict[str, Tensor], 
         torch.testing.assert_close(tensor, expected[name], rtol=1e-5, atol=1e-6, msg=f"{what}: {name}")
 
 
-def assert_fused_equals_alone(make_model: Callable[[], nn.Module], make_batch: Callable[[int], tuple[Tensor, Tensor]],
-                              *, members: int = 3, steps: int = 3, random: bool = False,
+def assert_fused_equals_alone(make_model: Callable[[], nn.Module],
+                              make_batch: Callable[[int], tuple[Tensor, Tensor]], *, members: int = 3,
+                              steps: int = 3, random: bool = False,
                               loss_fn: Callable = nn.MSELoss()) -> hydro.FusedModel:
     """Fuse ``members`` models from ``make_model`` and check, on ``make_batch(step)`` batches:
 
@@ -32,7 +33,8 @@ def assert_fused_equals_alone(make_model: Callable[[], nn.Module], make_batch: C
       ``random=True`` (dropout) train outputs cannot match; the fused model trains and the alone copies
       take its weights, so the eval checks below still compare like with like;
     - eval mode: two calls' outputs equal the members' alone (bitwise equal to each other where alone they
-      are: deterministic), and state updates made in eval (e.g. counters) equal; then train mode again matches (the graphs switch back);
+      are: deterministic), and state updates made in eval (e.g. counters) equal; then train mode matches
+      again (the graphs switch back);
     - the user's models: state_dict and every module's training flag unchanged, and still usable.
     Returns the fused model.
     """

@@ -201,3 +201,22 @@ def test_state_changes_that_cannot_be_kept_per_member_are_refused(make, message)
     for model, state in zip(models, before):  # refused without touching the members either
         assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     assert all(getattr(m[0] if isinstance(m, nn.Sequential) else m, "calls", 0) == 0 for m in models)
+
+
+def _hooked():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    model[0].register_forward_hook(lambda module, args, out: out * 2)
+    return model
+
+
+@pytest.mark.parametrize("make,message", [
+    (_hooked, r"member 0, module '0' \(Linear\) has forward hooks .*Fix: remove them"),
+    (lambda: nn.Sequential(nn.utils.spectral_norm(nn.Linear(8, 8)), nn.Linear(8, 2)),
+     r"module '0' \(Linear\) has forward pre-hooks"),
+    (lambda: nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(8, 8)), nn.Linear(8, 2)),
+     r"module '0' \(ParametrizedLinear\) is parametrized.*remove_parametrizations"),
+])
+def test_hooks_and_parametrizations_the_fused_layers_would_skip_are_refused(make, message):
+    """Forward hooks ran silently not at all in the fused model (output off by 2x)."""
+    with pytest.raises(hydro.FuseError, match=message):
+        hydro.fuse([make() for _ in range(2)])
