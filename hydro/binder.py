@@ -358,7 +358,8 @@ def _check_no_hooks(model: nn.Module, index: int) -> None:
                  if getattr(module, kind, None)]
         if hooks:
             raise FuseError(f"{where} has forward {' and '.join(hooks)} (register_forward_hook, spectral_norm, "
-                            f"weight_norm, ...), which the fused model would not run. Fix: remove them before fusing, or move what they do into forward")
+                            f"weight_norm, ...), which the fused model would not run. Fix: remove them before "
+                            f"fusing, or move what they do into forward")
 
 
 def _leaves(model: nn.Module, is_leaf) -> dict[str, nn.Module]:
