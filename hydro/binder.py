@@ -17,6 +17,7 @@ import copy
 import enum
 import inspect
 import operator
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -138,12 +139,38 @@ def _member_index(members: Sequence[int], count: int) -> Tensor:
 # --- tracing and checks -------------------------------------------------------------------------------
 
 class _Tracer(torch.fx.Tracer):
+    """torch.fx's tracer with our leaves; also records which modules' forward switch gradient recording
+    (``torch.no_grad()``, ``enable_grad``, ``set_grad_enabled``), which a graph cannot express."""
+
     def __init__(self, is_leaf) -> None:
         super().__init__()
         self.is_leaf = is_leaf
+        self.scopes = [""]
+        self.grad_mode_scopes: set[str] = set()
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return self.is_leaf(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        self.scopes.append(self.path_of_module(m))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self.scopes.pop()
+
+    def trace(self, root, concrete_args=None):
+        original, thread = torch._C._set_grad_enabled, threading.get_ident()
+
+        def record(mode: bool) -> None:
+            if threading.get_ident() == thread:
+                self.grad_mode_scopes.add(self.scopes[-1])
+            original(mode)
+
+        torch._C._set_grad_enabled = record
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            torch._C._set_grad_enabled = original
 
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -163,9 +190,10 @@ def _leaf_predicate(leaf_types: tuple[type[nn.Module], ...], leaf_paths: frozens
 
 
 class StateChange(enum.Enum):
-    """How a forward pass changes a module's state (see :func:`fuse`)."""
+    """How a forward pass changes a module's state, or does what a graph cannot record (see :func:`fuse`)."""
 
     IN_PLACE = "updates its tensor '{name}' in place"
+    GRAD_MODE = "switches gradient recording ({name})"
     REASSIGNED = "assigns a new value to its parameter or buffer '{name}'"
     ATTRIBUTE = "changes its Python attribute '{name}'"
 
@@ -201,7 +229,7 @@ def _trace_until_stateless(model: nn.Module, leaf_types) -> tuple[_Traced, dict[
         if not changes:
             return traced, per_member
         for change in changes:
-            if change.kind is not StateChange.IN_PLACE:
+            if change.kind not in (StateChange.IN_PLACE, StateChange.GRAD_MODE):
                 fix = ("update it in place instead (self.x.add_(1), self.x.copy_(new)): such a submodule is run "
                        "member by member" if change.kind is StateChange.REASSIGNED else
                        "keep that state in a buffer (register_buffer) updated in place, in a submodule: such a "
@@ -212,11 +240,11 @@ def _trace_until_stateless(model: nn.Module, leaf_types) -> tuple[_Traced, dict[
             while owner and is_leaf(model.get_submodule(owner), owner):
                 owner = owner.rpartition(".")[0]  # the change is made by code that runs in an enclosing module
             if not owner:
-                raise FuseError(f"hydro.fuse: {change.describe(model)}; state changes of the model's own forward "
-                                f"cannot be applied per member. Fix: move that code and the state it updates into "
-                                f"a submodule (it is then run member by member, exactly)")
-            per_member[owner] = (f"updates its state in forward ({change.kind.value.format(name=change.name)}): "
-                                 f"run member by member")
+                what = ("a graph cannot express that in the model's own forward" if change.kind is StateChange.GRAD_MODE
+                        else "state changes of the model's own forward cannot be applied per member")
+                raise FuseError(f"hydro.fuse: {change.describe(model)}; {what}. Fix: move that code (and the state "
+                                f"it updates) into a submodule: it is then run member by member, exactly")
+            per_member[owner] = f"{change.kind.value.format(name=change.name)} in forward: run member by member"
 
 
 def _trace_modes(model: nn.Module, is_leaf) -> tuple[_Traced, list[_Change]]:
@@ -229,8 +257,9 @@ def _trace_modes(model: nn.Module, is_leaf) -> tuple[_Traced, list[_Change]]:
         identities = {name: id(t) for name, t in tensors.items()}
         versions = {name: t._version for name, t in tensors.items()}
         attributes = set(twin.__dict__)
+        tracer = _Tracer(is_leaf)
         try:
-            graph = _Tracer(is_leaf).trace(twin)
+            graph = tracer.trace(twin)
         except Exception as error:  # torch.fx raises many types; all mean "not traceable as written"
             raise FuseError(f"hydro.fuse: torch.fx cannot trace {type(model).__name__}.forward: "
                             f"{type(error).__name__}: {error}. {_TRACE_HELP}") from error
@@ -239,6 +268,8 @@ def _trace_modes(model: nn.Module, is_leaf) -> tuple[_Traced, list[_Change]]:
         traced.graphs[mode], traced.constants[mode] = graph, constants
         changes += _changed_state(model, twin, identities, versions)
         changes += _mutations_in_graph(graph, twin, constants)
+        changes += [_Change(path, "torch.no_grad/enable_grad", StateChange.GRAD_MODE)
+                    for path in sorted(tracer.grad_mode_scopes)]
     return traced, list(dict.fromkeys(changes))
 
 

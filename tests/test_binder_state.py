@@ -220,3 +220,25 @@ def test_hooks_and_parametrizations_the_fused_layers_would_skip_are_refused(make
     """Forward hooks ran silently not at all in the fused model (output off by 2x)."""
     with pytest.raises(hydro.FuseError, match=message):
         hydro.fuse([make() for _ in range(2)])
+
+
+class NoGradScale(nn.Module):
+    """Divides by a statistic computed under torch.no_grad() (tracing dropped the no_grad: gradients differed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        with torch.no_grad():
+            scale = y.abs().mean() + 1
+        return y / scale
+
+
+def test_no_grad_in_a_submodule_runs_it_member_by_member():
+    fused = assert_fused_equals_alone(_model(lambda: [NoGradScale()]), _vectors)
+    assert "switches gradient recording" in fused.fallbacks["0"]
+    with pytest.raises(hydro.FuseError, match=r"the model \(NoGradScale\) itself switches gradient recording.*"
+                                              r"Fix: move that code"):
+        hydro.fuse([NoGradScale() for _ in range(2)])
