@@ -88,6 +88,31 @@ class FunctionalDropout(nn.Module):
         return F.dropout(self.fc(x), 0.5, self.training)
 
 
+def _sequences(step: int):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(4, 5, 8, generator=g), torch.randn(4, 2, generator=g)
+
+
+class SelfAttention(nn.Module):
+    """Self-attention over ``[N, L, 8]`` (dropout on the attention weights in training), mean over L."""
+
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, dropout=dropout, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0].mean(dim=1)
+
+
+class Encoder(nn.Module):
+    def __init__(self, dropout: float):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout, batch_first=True)
+
+    def forward(self, x):
+        return self.layer(x).mean(dim=1)
+
+
 def _model(layers):
     return lambda: nn.Sequential(*layers(), nn.Linear(8, 2))
 
@@ -102,6 +127,13 @@ CASES = {
                   _images, False),
     "dropout": (_model(lambda: [nn.Linear(8, 8), nn.Dropout(0.5)]), _vectors, True),
     "dropout-functional": (_model(lambda: [FunctionalDropout()]), _vectors, True),
+    "dropout2d": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.Dropout2d(0.5), nn.Flatten(), nn.Linear(64, 2)),
+                  _images, True),
+    "alpha-dropout": (_model(lambda: [nn.Linear(8, 8), nn.SELU(), nn.AlphaDropout(0.3)]), _vectors, True),
+    "attention": (_model(lambda: [SelfAttention(0.0)]), _sequences, False),
+    "attention-dropout": (_model(lambda: [SelfAttention(0.3)]), _sequences, True),
+    "encoder-layer": (_model(lambda: [Encoder(0.0)]), _sequences, False),
+    "encoder-layer-dropout": (_model(lambda: [Encoder(0.3)]), _sequences, True),
     "training-branch": (_model(lambda: [TrainingBranch()]), _vectors, False),
     "counter-buffer": (_model(lambda: [Counter()]), _vectors, False),
     "running-statistic": (_model(lambda: [RunningScale()]), _vectors, False),
