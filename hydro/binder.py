@@ -80,7 +80,8 @@ def fuse(models: Sequence[nn.Module], *, leaf_modules: Iterable[type[nn.Module]]
     tracer_leaves = tuple(leaf_modules)
     first, per_member = _trace_until_stateless(models[0], tracer_leaves)
     is_leaf = _leaf_predicate(tracer_leaves, frozenset(per_member))
-    traces = [first] + [_trace_modes(m, is_leaf)[0] for m in models[1:]]
+    # The other members only need their graphs (their architecture must equal member 0's, checked below).
+    traces = [first] + [_trace_modes(m, is_leaf, detect=False)[0] for m in models[1:]]
     for mode in (True, False):
         _check_same_architecture(models, [t.graphs[mode] for t in traces], is_leaf)
         _check_same_constants([t.constants[mode] for t in traces])
@@ -247,12 +248,13 @@ def _trace_until_stateless(model: nn.Module, leaf_types) -> tuple[_Traced, dict[
             per_member[owner] = f"{change.kind.value.format(name=change.name)} in forward: run member by member"
 
 
-def _trace_modes(model: nn.Module, is_leaf) -> tuple[_Traced, list[_Change]]:
-    """``model`` traced in training and in eval mode, each time on a copy (tracing runs forward's Python
-    code, which may change the module it runs on), and the state changes that tracing revealed."""
+def _trace_modes(model: nn.Module, is_leaf, detect: bool = True) -> tuple[_Traced, list[_Change]]:
+    """``model`` traced in training and in eval mode on a copy (tracing runs forward's Python code, which
+    may change the module it runs on), and — if ``detect`` — the state changes that tracing revealed."""
     traced, changes = _Traced({}, {}), []
+    twin = copy.deepcopy(model)
     for mode in (True, False):
-        twin = copy.deepcopy(model).train(mode)
+        twin.train(mode)
         tensors = all_tensors(twin)
         identities = {name: id(t) for name, t in tensors.items()}
         versions = {name: t._version for name, t in tensors.items()}
@@ -266,10 +268,11 @@ def _trace_modes(model: nn.Module, is_leaf) -> tuple[_Traced, list[_Change]]:
         constants = {name: twin.__dict__.pop(name) for name in set(twin.__dict__) - attributes
                      if name.startswith("_tensor_constant")}
         traced.graphs[mode], traced.constants[mode] = graph, constants
-        changes += _changed_state(model, twin, identities, versions)
-        changes += _mutations_in_graph(graph, twin, constants)
-        changes += [_Change(path, "torch.no_grad/enable_grad", StateChange.GRAD_MODE)
-                    for path in sorted(tracer.grad_mode_scopes)]
+        if detect:
+            changes += _changed_state(model, twin, identities, versions)
+            changes += _mutations_in_graph(graph, twin, constants)
+            changes += [_Change(path, "torch.no_grad/enable_grad", StateChange.GRAD_MODE)
+                        for path in sorted(tracer.grad_mode_scopes)]
     return traced, list(dict.fromkeys(changes))
 
 
