@@ -196,3 +196,23 @@ def test_plain_unfused_parameters_are_one_member_and_step_like_torch(make, ref_m
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
     if model_fn is _plain_mlp:
         assert opt.num_members == 1
+
+
+@pytest.mark.parametrize("make,ref_make,rule", [(SGD, torch.optim.SGD, "sgd"), (AdamW, torch.optim.AdamW, "adam")])
+def test_plain_shrunk_model_gets_the_mup_multipliers(make, ref_make, rule):
+    """hydro.optim on one unfused µP surrogate = torch.optim with mup_param_groups (the README's "fused or not")."""
+    torch.manual_seed(0)
+    model = hydro.shrink(nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3)), 4)
+    ref = copy.deepcopy(model)
+    opt = make(model.parameters(), lr=0.05, weight_decay=0.01)
+    ref_opt = ref_make(hydro.shrink.mup_param_groups(ref.parameters(), rule, lr=0.05, weight_decay=0.01))
+    assert len(opt.param_groups) > 1 and opt.num_members == 1  # split by µP multipliers
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x = torch.randn(4, 5, generator=g)
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
