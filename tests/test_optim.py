@@ -164,6 +164,19 @@ def test_bad_hyperparameters_are_refused_clearly():
         hsched.StepLR(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), 3)
 
 
+def _assert_steps_equal(model, opt, ref, ref_opt, steps: int) -> None:
+    """``model`` with ``opt`` and ``ref`` with ``ref_opt`` trained on the same batches end with equal parameters."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(4, 5, generator=g)
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+
 def _plain_mlp():
     return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
 
@@ -185,15 +198,7 @@ def test_plain_unfused_parameters_are_one_member_and_step_like_torch(make, ref_m
     ref_params = list(ref.parameters())
     opt = make(groups, **kwargs)
     ref_opt = ref_make([{"params": ref_params[:1]}, {"params": ref_params[1:], "lr": kwargs["lr"] / 2}], **kwargs)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(6):
-        x = torch.randn(4, 5, generator=g)
-        for m, o in ((model, opt), (ref, ref_opt)):
-            o.zero_grad()
-            m(x).pow(2).mean().backward()
-            o.step()
-    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+    _assert_steps_equal(model, opt, ref, ref_opt, steps=6)
     if model_fn is _plain_mlp:
         assert opt.num_members == 1
 
@@ -207,12 +212,4 @@ def test_plain_shrunk_model_gets_the_mup_multipliers(make, ref_make, rule):
     opt = make(model.parameters(), lr=0.05, weight_decay=0.01)
     ref_opt = ref_make(hydro.shrink.mup_param_groups(ref.parameters(), rule, lr=0.05, weight_decay=0.01))
     assert len(opt.param_groups) > 1 and opt.num_members == 1  # split by µP multipliers
-    g = torch.Generator().manual_seed(1)
-    for _ in range(5):
-        x = torch.randn(4, 5, generator=g)
-        for m, o in ((model, opt), (ref, ref_opt)):
-            o.zero_grad()
-            m(x).pow(2).mean().backward()
-            o.step()
-    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+    _assert_steps_equal(model, opt, ref, ref_opt, steps=5)
