@@ -295,7 +295,7 @@ def _changed_state(model: nn.Module, twin: nn.Module, identities: dict[str, int]
     for path, module in model.named_modules():
         before, after = _plain_attributes(module), _plain_attributes(twin.get_submodule(path))
         changes += [_Change(path, key, StateChange.ATTRIBUTE) for key in sorted({*before, *after})
-                    if before.get(key, _MISSING) != after.get(key, _MISSING)]
+                    if not _same_attribute(before.get(key, _MISSING), after.get(key, _MISSING))]
     return changes
 
 
@@ -310,6 +310,10 @@ def _plain_attributes(module: nn.Module) -> dict[str, object]:
         return (type(value).__name__, len(value)) if isinstance(value, (list, dict, set, tuple)) else type(value)
 
     return {k: summary(v) for k, v in vars(module).items() if not k.startswith("_") and k != "training"}
+
+
+def _same_attribute(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)  # NaN stays NaN
 
 
 def _same_values(a: Tensor, b: Tensor) -> bool:
