@@ -5,17 +5,27 @@ its fused twin (``hydro.nn``) holding the members' weights stacked along a leadi
 rewrites the functions the forward calls so they act member by member. The fused model takes the
 members' shared batch ``[N, ...]`` and returns ``[F, N, ...]``; its ``state_dict`` has the members' keys
 with every tensor stacked, so member ``i`` is ``{k: v[i]}``.
+
+The members themselves are never changed: they are traced as copies, once in training and once in eval
+mode (``fused.train()``/``fused.eval()`` switch between the two graphs, so ``if self.training:`` branches
+are right in both). A submodule whose forward updates its own buffers or parameters in place is run
+member by member (exact); state changes that cannot be kept per member are refused with a ``FuseError``.
 """
 from __future__ import annotations
 
 import copy
+import enum
 import inspect
+import operator
+import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.fx
 from torch import Tensor, nn
 from torch.fx import Node
+from torch.nn.utils import parametrize
 
 from hydro.nn import functional as trialwise_fn
 from hydro.nn.base import expand_members
@@ -38,16 +48,18 @@ class FusedModel(nn.Module):
     """``num_members`` models in one module. ``forward`` takes what one member takes (a batch shared by all
     members, or ``[F, N, ...]`` per member if fused with ``fused_inputs=True``) and returns the members'
     outputs stacked: ``[F, N, ...]``. ``member_ids`` names the members that remain after slicing;
-    ``fallbacks`` maps layers fused with the generic vmap fallback to the reason."""
+    ``fallbacks`` maps layers fused with the generic vmap fallback (or run member by member) to the reason;
+    ``graphs`` holds the rewritten graph of each training mode (``True``: train, ``False``: eval)."""
 
     def __init__(self, num_members: int) -> None:
         super().__init__()
         self.num_members = num_members
         self.member_ids: list[int] = list(range(num_members))
         self.fallbacks: dict[str, str] = {}
+        self.graphs: dict[bool, torch.fx.Graph] = {}
 
     def forward(self, *args, **kwargs):
-        return self._forward_fn(self, *args, **kwargs)
+        return self._forward_fns[self.training](self, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"num_members={self.num_members}"
@@ -55,7 +67,7 @@ class FusedModel(nn.Module):
 
 def fuse(models: Sequence[nn.Module], *, leaf_modules: Iterable[type[nn.Module]] = (),
          fused_inputs: bool = False) -> FusedModel:
-    """Fuse independently built models of one architecture (each keeps its own weights).
+    """Fuse independently built models of one architecture (each keeps its own weights; none is changed).
 
     ``leaf_modules``: classes fused as a whole with ``torch.vmap`` instead of being traced into.
     ``fused_inputs``: the fused model takes per-member inputs ``[F, N, ...]`` instead of a shared batch.
@@ -63,12 +75,17 @@ def fuse(models: Sequence[nn.Module], *, leaf_modules: Iterable[type[nn.Module]]
     models = list(models)
     if not models or not all(isinstance(m, nn.Module) for m in models):
         raise FuseError("hydro.fuse needs a non-empty sequence of nn.Module members")
+    for i, model in enumerate(models):
+        _check_no_hooks(model, i)
     tracer_leaves = tuple(leaf_modules)
-    graphs, constants = zip(*(_trace(m, tracer_leaves) for m in models))
-    is_leaf = _leaf_predicate(tracer_leaves)
-    _check_same_architecture(models, list(graphs), is_leaf)
-    _check_same_constants(list(constants))
-    return _build(models, graphs[0], constants[0], is_leaf, fused_inputs)
+    first, per_member = _trace_until_stateless(models[0], tracer_leaves)
+    is_leaf = _leaf_predicate(tracer_leaves, frozenset(per_member))
+    # The other members only need their graphs (their architecture must equal member 0's, checked below).
+    traces = [first] + [_trace_modes(m, is_leaf, detect=False)[0] for m in models[1:]]
+    for mode in (True, False):
+        _check_same_architecture(models, [t.graphs[mode] for t in traces], is_leaf)
+        _check_same_constants([t.constants[mode] for t in traces])
+    return _build(models, first, is_leaf, per_member, fused_inputs)
 
 
 def unfuse(fused: FusedModel) -> list[nn.Module]:
@@ -123,40 +140,264 @@ def _member_index(members: Sequence[int], count: int) -> Tensor:
 # --- tracing and checks -------------------------------------------------------------------------------
 
 class _Tracer(torch.fx.Tracer):
-    def __init__(self, leaf_types: tuple[type[nn.Module], ...]) -> None:
+    """torch.fx's tracer with our leaves; also records which modules' forward switch gradient recording
+    (``torch.no_grad()``, ``enable_grad``, ``set_grad_enabled``), which a graph cannot express."""
+
+    def __init__(self, is_leaf) -> None:
         super().__init__()
-        self.leaf_types = leaf_types
+        self.is_leaf = is_leaf
+        self.scopes = [""]
+        self.grad_mode_scopes: set[str] = set()
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return _leaf_predicate(self.leaf_types)(m, module_qualified_name)
+        return self.is_leaf(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        self.scopes.append(self.path_of_module(m))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self.scopes.pop()
+
+    def trace(self, root, concrete_args=None):
+        original, thread = torch._C._set_grad_enabled, threading.get_ident()
+
+        def record(mode: bool) -> None:
+            if threading.get_ident() == thread:
+                self.grad_mode_scopes.add(self.scopes[-1])
+            original(mode)
+
+        torch._C._set_grad_enabled = record
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            torch._C._set_grad_enabled = original
 
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
-def _leaf_predicate(leaf_types: tuple[type[nn.Module], ...]):
+def _leaf_predicate(leaf_types: tuple[type[nn.Module], ...], leaf_paths: frozenset[str] = frozenset()):
+    """Which submodules are fused as a whole: registered layers, ``leaf_types``, the submodules at
+    ``leaf_paths`` and torch.nn's own layers; everything else is traced into."""
     default = torch.fx.Tracer().is_leaf_module
 
     def is_leaf(m: nn.Module, qualified_name: str = "") -> bool:
-        if isinstance(m, leaf_types) or is_registered(m):
+        if qualified_name in leaf_paths or isinstance(m, leaf_types) or is_registered(m):
             return True
         return default(m, qualified_name) and not isinstance(m, _CONTAINERS)  # containers are never called
 
     return is_leaf
 
 
-def _trace(model: nn.Module, leaf_types) -> tuple[torch.fx.Graph, dict[str, Tensor]]:
-    """The member's graph and the tensor constants of its forward. torch.fx stores those constants as
-    attributes of the traced module; they are taken off again, so tracing leaves the member as it was."""
-    before = set(model.__dict__)
-    try:
-        graph = _Tracer(leaf_types).trace(model)
-    except Exception as error:  # torch.fx raises many types; all mean "not traceable as written"
-        raise FuseError(f"hydro.fuse: torch.fx cannot trace {type(model).__name__}.forward: "
-                        f"{type(error).__name__}: {error}. {_TRACE_HELP}") from error
-    finally:
-        added = {name: model.__dict__.pop(name) for name in set(model.__dict__) - before}
-    return graph, added
+class StateChange(enum.Enum):
+    """How a forward pass changes a module's state, or does what a graph cannot record (see :func:`fuse`)."""
+
+    IN_PLACE = "updates its tensor '{name}' in place"
+    GRAD_MODE = "switches gradient recording ({name})"
+    REASSIGNED = "assigns a new value to its parameter or buffer '{name}'"
+    ATTRIBUTE = "changes its Python attribute '{name}'"
+
+
+@dataclass(frozen=True)
+class _Change:
+    module: str  # path of the module whose state changes ("" = the model)
+    name: str  # the tensor or attribute (relative to ``module``)
+    kind: StateChange
+
+    def describe(self, model: nn.Module) -> str:
+        where = f"module '{self.module}' ({type(model.get_submodule(self.module)).__name__})" if self.module \
+            else f"the model ({type(model).__name__}) itself"
+        return f"{where} {self.kind.value.format(name=self.name)} in forward"
+
+
+@dataclass
+class _Traced:
+    """A member's graph and forward's tensor constants in each training mode (``True``: train)."""
+
+    graphs: dict[bool, torch.fx.Graph]
+    constants: dict[bool, dict[str, Tensor]]
+
+
+def _trace_until_stateless(model: nn.Module, leaf_types) -> tuple[_Traced, dict[str, str]]:
+    """``model`` traced in both modes with every submodule that updates its state in place run as a whole
+    (member by member), and those submodules' paths with the reason. Raises ``FuseError`` for state changes
+    that cannot be kept per member."""
+    per_member: dict[str, str] = {}
+    while True:
+        is_leaf = _leaf_predicate(leaf_types, frozenset(per_member))
+        traced, changes = _trace_modes(model, is_leaf)
+        if not changes:
+            return traced, per_member
+        for change in changes:
+            if change.kind not in (StateChange.IN_PLACE, StateChange.GRAD_MODE):
+                fix = ("update it in place instead (self.x.add_(1), self.x.copy_(new)): such a submodule is run "
+                       "member by member" if change.kind is StateChange.REASSIGNED else
+                       "keep that state in a buffer (register_buffer) updated in place, in a submodule: such a "
+                       "submodule is run member by member")
+                raise FuseError(f"hydro.fuse: {change.describe(model)}; the fused model cannot keep a copy per member "
+                                f"(tracing runs that Python code once). Fix: {fix}")
+            owner = change.module
+            while owner and is_leaf(model.get_submodule(owner), owner):
+                owner = owner.rpartition(".")[0]  # the change is made by code that runs in an enclosing module
+            if not owner:
+                what = ("a graph cannot express that in the model's own forward" if change.kind is StateChange.GRAD_MODE
+                        else "state changes of the model's own forward cannot be applied per member")
+                raise FuseError(f"hydro.fuse: {change.describe(model)}; {what}. Fix: move that code (and the state "
+                                f"it updates) into a submodule: it is then run member by member, exactly")
+            per_member[owner] = f"{change.kind.value.format(name=change.name)} in forward: run member by member"
+
+
+def _trace_modes(model: nn.Module, is_leaf, detect: bool = True) -> tuple[_Traced, list[_Change]]:
+    """``model`` traced in training and in eval mode on a copy (tracing runs forward's Python code, which
+    may change the module it runs on), and — if ``detect`` — the state changes that tracing revealed."""
+    traced, changes = _Traced({}, {}), []
+    twin = copy.deepcopy(model)
+    for mode in (True, False):
+        twin.train(mode)
+        tensors = all_tensors(twin)
+        identities = {name: id(t) for name, t in tensors.items()}
+        versions = {name: t._version for name, t in tensors.items()}
+        attributes = set(twin.__dict__)
+        tracer = _Tracer(is_leaf)
+        try:
+            graph = tracer.trace(twin)
+        except Exception as error:  # torch.fx raises many types; all mean "not traceable as written"
+            raise FuseError(f"hydro.fuse: torch.fx cannot trace {type(model).__name__}.forward: "
+                            f"{type(error).__name__}: {error}. {_TRACE_HELP}") from error
+        constants = {name: twin.__dict__.pop(name) for name in set(twin.__dict__) - attributes
+                     if name.startswith("_tensor_constant")}
+        traced.graphs[mode], traced.constants[mode] = graph, constants
+        if detect:
+            changes += _changed_state(model, twin, identities, versions)
+            changes += _mutations_in_graph(graph, twin, constants)
+            changes += [_Change(path, "torch.no_grad/enable_grad", StateChange.GRAD_MODE)
+                        for path in sorted(tracer.grad_mode_scopes)]
+    return traced, list(dict.fromkeys(changes))
+
+
+def _split(name: str) -> tuple[str, str]:
+    owner, _, attr = name.rpartition(".")
+    return owner, attr
+
+
+def _changed_state(model: nn.Module, twin: nn.Module, identities: dict[str, int],
+                   versions: dict[str, int]) -> list[_Change]:
+    """State of ``twin`` (a traced copy of ``model``) that tracing changed by running forward's code."""
+    changes = []
+    for name, original in all_tensors(model).items():
+        owner, attr = _split(name)
+        now = getattr(twin.get_submodule(owner), attr, None)
+        if not isinstance(now, Tensor) or id(now) != identities[name]:
+            changes.append(_Change(owner, attr, StateChange.REASSIGNED))
+        elif now._version != versions[name] or not _same_values(now, original):
+            changes.append(_Change(owner, attr, StateChange.IN_PLACE))
+    for path, module in model.named_modules():
+        before, after = _plain_attributes(module), _plain_attributes(twin.get_submodule(path))
+        changes += [_Change(path, key, StateChange.ATTRIBUTE) for key in sorted({*before, *after})
+                    if not _same_attribute(before.get(key, _MISSING), after.get(key, _MISSING))]
+    return changes
+
+
+_MISSING = object()
+
+
+def _plain_attributes(module: nn.Module) -> dict[str, object]:
+    """A module's public Python attributes (plain values, or the type and length of containers)."""
+    def summary(value):
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        return (type(value).__name__, len(value)) if isinstance(value, (list, dict, set, tuple)) else type(value)
+
+    return {k: summary(v) for k, v in vars(module).items() if not k.startswith("_") and k != "training"}
+
+
+def _same_attribute(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)  # NaN stays NaN
+
+
+def _same_values(a: Tensor, b: Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(((a == b) | (a != a) & (b != b)).all()) if a.is_floating_point() else torch.equal(a, b)
+
+
+# Operations whose result is a view of (or is) their first argument: an in-place update of the result
+# updates the tensor it was taken from.
+_ALIASING = frozenset({
+    "getitem", "view", "view_as", "reshape", "narrow", "select", "t", "transpose", "permute", "squeeze",
+    "unsqueeze", "expand", "expand_as", "detach", "flatten", "unflatten", "diagonal", "as_strided", "chunk",
+    "split", "unbind", "contiguous", "movedim", "swapaxes", "real", "imag",
+})
+_ALIASING_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
+_IN_PLACE_OPERATORS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                                 operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior,
+                                 operator.ixor, operator.ilshift, operator.irshift, operator.imatmul})
+
+
+def _op_name(node: Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+
+
+def _mutated_argument(node: Node):
+    """The value an operation updates in place (the first argument of ``x.add_(...)``, ``x[i] = v``,
+    ``x += v``, or ``out=``), or ``None``."""
+    if node.op not in ("call_method", "call_function"):
+        return None
+    if "out" in node.kwargs:
+        return node.kwargs["out"]
+    name = _op_name(node)
+    in_place = (node.op == "call_function" and node.target in _IN_PLACE_OPERATORS) \
+        or (name.endswith("_") and not name.startswith("_"))
+    return node.args[0] if in_place and node.args else None
+
+
+def _aliased_root(value) -> Node | None:
+    """The ``get_attr`` node ``value`` is a view of, or ``None``."""
+    while isinstance(value, Node):
+        if value.op == "get_attr":
+            return value
+        name = _op_name(value)
+        aliasing = (name in _ALIASING or (name.endswith("_") and not name.startswith("_"))
+                    or (value.target is getattr and value.args[1] in _ALIASING_ATTRIBUTES))
+        if value.op not in ("call_method", "call_function") or not aliasing or not value.args:
+            return None
+        value = value.args[0]
+    return None
+
+
+def _mutations_in_graph(graph: torch.fx.Graph, twin: nn.Module, constants: dict[str, Tensor]) -> list[_Change]:
+    """In-place updates, in ``graph``, of the traced module's parameters and buffers (also through
+    ``.data`` or views, which torch.fx may record as tensor constants sharing their storage)."""
+    storages = {t.untyped_storage().data_ptr(): name for name, t in all_tensors(twin).items() if t.numel()}
+    changes = []
+    for node in graph.nodes:
+        root = _aliased_root(_mutated_argument(node))
+        if root is None:
+            continue
+        name = root.target
+        if name in constants:
+            name = storages.get(constants[name].untyped_storage().data_ptr(), name)
+        changes.append(_Change(*_split(name), StateChange.IN_PLACE))
+    return changes
+
+
+def _check_no_hooks(model: nn.Module, index: int) -> None:
+    """Forward hooks and parametrizations act outside ``forward``: the fused layers would not apply them."""
+    for path, module in model.named_modules():
+        where = f"hydro.fuse: member {index}, " + (f"module '{path}' ({type(module).__name__})" if path else
+                                                  f"the model ({type(module).__name__})")
+        if parametrize.is_parametrized(module):
+            raise FuseError(f"{where} is parametrized (torch.nn.utils.parametrize, e.g. parametrizations."
+                            f"spectral_norm), which the fused layers would not apply. Fix: fuse the model without "
+                            f"parametrizations (parametrize.remove_parametrizations) or compute the transform in "
+                            f"forward")
+        hooks = [name for kind, name in (("_forward_pre_hooks", "pre-hooks"), ("_forward_hooks", "hooks"))
+                 if getattr(module, kind, None)]
+        if hooks:
+            raise FuseError(f"{where} has forward {' and '.join(hooks)} (register_forward_hook, spectral_norm, "
+                            f"weight_norm, ...), which the fused model would not run. Fix: remove them before "
+                            f"fusing, or move what they do into forward")
 
 
 def _leaves(model: nn.Module, is_leaf) -> dict[str, nn.Module]:
@@ -247,7 +488,7 @@ def _make_twin(fused: FusedModel, path: str, modules: list[nn.Module]) -> nn.Mod
     return twin
 
 
-def _build(models: list[nn.Module], graph: torch.fx.Graph, constants: dict[str, Tensor], is_leaf,
+def _build(models: list[nn.Module], traced: _Traced, is_leaf, per_member: dict[str, str],
            fused_inputs: bool) -> FusedModel:
     fused = FusedModel(len(models))
     member_tensors = [all_tensors(m) for m in models]
@@ -256,17 +497,40 @@ def _build(models: list[nn.Module], graph: torch.fx.Graph, constants: dict[str, 
         return torch.stack([t[name].detach() for t in member_tensors])
 
     def leaf(path: str, child: nn.Module) -> nn.Module | None:
-        return _make_twin(fused, path, [m.get_submodule(path) for m in models]) if is_leaf(child, path) else None
+        if not is_leaf(child, path):
+            return None
+        modules = [m.get_submodule(path) for m in models]
+        if path not in per_member:
+            return _make_twin(fused, path, modules)
+        twin = VmapModule(modules[0], len(models), mode="loop")
+        load_stacked(twin, modules)
+        fused.fallbacks[path] = per_member[path]
+        return twin
 
     mirror(models[0], stack, fused, make_module=leaf)
     _tie(fused, _ties(models[0]))
+    graphs, constants = _graphs_by_mode(traced)
     for name, value in constants.items():  # tensor constants of the members' forward, shared by all members
         setattr(fused, name, value)
-    new_graph = _rewrite(graph, fused, models, member_tensors[0].keys(), fused_inputs)
-    fused.graph = new_graph
-    fused._forward_fn = type(torch.fx.GraphModule(fused, new_graph)).forward
+    fused.graphs = _rewrite(graphs, fused, models, member_tensors[0].keys(), fused_inputs)
+    forwards = {id(g): type(torch.fx.GraphModule(fused, g)).forward for g in fused.graphs.values()}
+    fused._forward_fns = {mode: forwards[id(g)] for mode, g in fused.graphs.items()}
     fused._template = (copy.deepcopy(models[0]).to("cpu"),)
     return fused
+
+
+def _graphs_by_mode(traced: _Traced) -> tuple[dict[bool, torch.fx.Graph], dict[str, Tensor]]:
+    """One graph for both modes where training and eval trace alike, else both (the eval graph's tensor
+    constants renamed ``_eval...``), and the constants they use."""
+    train, evaluate = traced.graphs[True], traced.graphs[False]
+    train_constants, eval_constants = traced.constants[True], traced.constants[False]
+    if _graph_signature(train) == _graph_signature(evaluate) and train_constants.keys() == eval_constants.keys() \
+            and all(_same_values(v, eval_constants[k]) for k, v in train_constants.items()):
+        return {True: train, False: train}, train_constants
+    for node in evaluate.nodes:
+        if node.op == "get_attr" and node.target in eval_constants:
+            node.target = "_eval" + node.target
+    return {True: train, False: evaluate}, {**train_constants, **{"_eval" + k: v for k, v in eval_constants.items()}}
 
 
 def _tie(fused: FusedModel, ties: list[list[str]]) -> None:
@@ -281,10 +545,37 @@ def _set_path(root: nn.Module, path: str, value) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, value)
 
 
-def _rewrite(graph: torch.fx.Graph, fused: FusedModel, models: list[nn.Module], stacked: Iterable[str],
-             fused_inputs: bool) -> torch.fx.Graph:
-    """The members' graph with per-member semantics on fused values (see :mod:`hydro.nn.functional`)."""
-    ref, stacked = models[0], set(stacked)
+def _rewrite(graphs: dict[bool, torch.fx.Graph], fused: FusedModel, models: list[nn.Module],
+             stacked: Iterable[str], fused_inputs: bool) -> dict[bool, torch.fx.Graph]:
+    """The members' graph of each mode with per-member semantics on fused values (see
+    :mod:`hydro.nn.functional`). Both modes share the fused layers, so a layer takes a shared input only
+    where every call in both graphs passes one."""
+    unique = {id(g): g for g in graphs.values()}
+    flows = {key: _data_flow(g, models[0], set(stacked), fused_inputs) for key, g in unique.items()}
+    all_shared_sites: dict[str, bool] = {}
+    for _, shared_sites in flows.values():
+        for target, shared in shared_sites.items():
+            all_shared_sites[target] = all_shared_sites.get(target, True) and shared
+    for key, g in unique.items():  # layers given per-member (fused) masks or extra arguments anywhere
+        is_fused = flows[key][0]
+        for node in g.nodes:
+            if node.op != "call_module" or not is_fused[node]:
+                continue
+            module = fused.get_submodule(node.target)
+            takes_shared = getattr(module, "supports_shared_input", False) and all_shared_sites[node.target]
+            if not isinstance(module, ELEMENTWISE) and not takes_shared \
+                    and _fused_non_data_args(module, node, is_fused):
+                module = VmapModule(models[0].get_submodule(node.target), len(models))
+                load_stacked(module, [m.get_submodule(node.target) for m in models])
+                _set_path(fused, node.target, module)
+                fused.fallbacks[node.target] = "per-member (fused) mask or extra argument: fused with torch.vmap"
+    rewritten = {key: _emit(g, fused, flows[key][0], all_shared_sites) for key, g in unique.items()}
+    return {mode: rewritten[id(g)] for mode, g in graphs.items()}
+
+
+def _data_flow(graph: torch.fx.Graph, ref: nn.Module, stacked: set[str],
+               fused_inputs: bool) -> tuple[dict[Node, bool], dict[str, bool]]:
+    """Which values are fused ``[F, ...]``, and for each layer whether every call passes shared inputs."""
     is_fused: dict[Node, bool] = {}
     all_shared_sites: dict[str, bool] = {}
     for node in graph.nodes:
@@ -300,7 +591,13 @@ def _rewrite(graph: torch.fx.Graph, fused: FusedModel, models: list[nn.Module], 
             all_shared_sites[node.target] = all_shared_sites.get(node.target, True) and not any_fused
         elif node.op in ("call_function", "call_method"):
             is_fused[node] = any_fused and not _is_meta(node)
+        else:
+            is_fused[node] = False
+    return is_fused, all_shared_sites
 
+
+def _emit(graph: torch.fx.Graph, fused: FusedModel, is_fused: dict[Node, bool],
+          all_shared_sites: dict[str, bool]) -> torch.fx.Graph:
     new = torch.fx.Graph()
     env: dict[Node, Node] = {}
     expanded: dict[Node, Node] = {}
@@ -331,11 +628,6 @@ def _rewrite(graph: torch.fx.Graph, fused: FusedModel, models: list[nn.Module], 
                 module.shared_input = True
                 env[node] = new.node_copy(node, value)
             else:
-                if _fused_non_data_args(module, node, is_fused):  # e.g. a mask computed from member state
-                    module = VmapModule(ref.get_submodule(node.target), len(models))
-                    load_stacked(module, [m.get_submodule(node.target) for m in models])
-                    _set_path(fused, node.target, module)
-                    fused.fallbacks[node.target] = "per-member (fused) mask or extra argument: fused with torch.vmap"
                 args, kwargs = _expand_data_args(module, node, as_fused, value)
                 env[node] = new.call_module(node.target, args, kwargs)
         elif node.op in ("call_function", "call_method"):

@@ -6,6 +6,7 @@ this machine; every member reports its own validation accuracy, as if it had bee
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 import time
@@ -22,12 +23,14 @@ from hydro.planning import plan_fusion
 
 
 def add_subparser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("demo", help="fused training of many MLP configurations on digits (no Ray)")
-    parser.add_argument("--configs", type=int, default=32, help="number of random configurations")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = sub.add_parser("demo", help="fused training of many MLP configurations on digits (no Ray, a few "
+                                         "seconds)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--configs", type=int, default=16, help="number of random configurations")
+    parser.add_argument("--epochs", type=int, default=4, help="training epochs of every configuration")
+    parser.add_argument("--width", type=int, default=64, help="hidden width of the MLP (64 -> width -> 10)")
+    parser.add_argument("--batch-size", type=int, default=64, help="training batch size")
     parser.add_argument("--fusion", default="auto", help="members per fused model, or 'auto' (measured)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the configurations and the data split")
     parser.set_defaults(func=run)
 
 
@@ -41,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
     train, val = digits(seed=args.seed)
     loss_fn = nn.CrossEntropyLoss()
     configs = sample_configs(args.configs, args.seed)
+    make_model = functools.partial(MLP, (train.x.shape[1], args.width, 10))
     if args.fusion == "auto":
-        plan = plan_fusion(MLP, (train.x[: args.batch_size], train.y[: args.batch_size]), loss_fn,
+        plan = plan_fusion(make_model, (train.x[: args.batch_size], train.y[: args.batch_size]), loss_fn,
                            max_members=len(configs))
         fusion = plan.num_members
         print(f"plan_fusion: F={fusion} ({plan.reason}); measured member-samples/s: "
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for first in range(0, len(configs), fusion):
         group = configs[first: first + fusion]
-        accuracy = train_group(group, train, val, loss_fn, args.epochs, args.batch_size)
+        accuracy = train_group(make_model, group, train, val, loss_fn, args.epochs, args.batch_size)
         results += [{**cfg, "val_acc": acc} for cfg, acc in zip(group, accuracy)]
     elapsed = time.perf_counter() - start
     print(f"\n{len(configs)} configurations, {math.ceil(len(configs) / fusion)} fused groups of up to {fusion}, "
@@ -66,9 +70,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_group(group: list[dict], train, val, loss_fn, epochs: int, batch_size: int) -> list[float]:
-    """Train one fused model of ``len(group)`` members; returns each member's validation accuracy."""
-    model = fuse([MLP() for _ in group])
+def train_group(make_model, group: list[dict], train, val, loss_fn, epochs: int, batch_size: int) -> list[float]:
+    """Train one fused model of ``len(group)`` members (each ``make_model()``); returns each member's
+    validation accuracy."""
+    model = fuse([make_model() for _ in group])
     optimizer = SGD(model.parameters(), lr=[c["lr"] for c in group], momentum=[c["momentum"] for c in group])
     for _ in range(epochs):
         model.train()

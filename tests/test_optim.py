@@ -156,7 +156,60 @@ def test_bad_hyperparameters_are_refused_clearly():
         SGD(fused.parameters(), lr=0.1, momentum=[0.9, 0.0, 0.9], nesterov=True)
     with pytest.raises(ValueError, match=r"beta1 must be in \[0, 1\)"):
         Adam(fused.parameters(), betas=([0.9, 1.0, 0.9], 0.99))
-    with pytest.raises(ValueError, match="same leading member dimension"):
-        SGD([nn.Parameter(torch.zeros(3, 2)), nn.Parameter(torch.zeros(4, 2))], lr=0.1)
+    with pytest.raises(ValueError, match=r"SGD: hyperparameter 'lr' needs a scalar or 1 values.*not fused"):
+        SGD([nn.Parameter(torch.zeros(3, 2)), nn.Parameter(torch.zeros(4, 2))], lr=[0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match=r"SGD: hyperparameter 'lr' has one value per member.*not fused"):
+        SGD([{"params": fused.parameters(), "lr": [0.1, 0.2, 0.3]}, {"params": [nn.Parameter(torch.zeros(2, 2))]}])
     with pytest.raises(TypeError, match="needs a hydro.optim optimizer"):
         hsched.StepLR(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), 3)
+
+
+def _assert_steps_equal(model, opt, ref, ref_opt, steps: int) -> None:
+    """``model`` with ``opt`` and ``ref`` with ``ref_opt`` trained on the same batches end with equal parameters."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(4, 5, generator=g)
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def _plain_mlp():
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+
+
+@pytest.mark.parametrize("make,ref_make,kwargs", [
+    (SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=True)),
+    (Adam, torch.optim.Adam, dict(lr=1e-2, betas=(0.8, 0.99), weight_decay=1e-2)),
+    (AdamW, torch.optim.AdamW, dict(lr=1e-2, amsgrad=True)),
+])
+@pytest.mark.parametrize("model_fn", [_plain_mlp, lambda: nn.Linear(5, 5)], ids=["mlp", "square-linear"])
+def test_plain_unfused_parameters_are_one_member_and_step_like_torch(make, ref_make, kwargs, model_fn):
+    """hydro.optim on an unfused model (F = 1) equals torch.optim on it, with param groups as torch has them;
+    a square Linear (all leading sizes equal, read as fused) steps identically too."""
+    torch.manual_seed(0)
+    model = model_fn()
+    ref = copy.deepcopy(model)
+    params = list(model.parameters())
+    groups = [{"params": params[:1]}, {"params": params[1:], "lr": kwargs["lr"] / 2}]
+    ref_params = list(ref.parameters())
+    opt = make(groups, **kwargs)
+    ref_opt = ref_make([{"params": ref_params[:1]}, {"params": ref_params[1:], "lr": kwargs["lr"] / 2}], **kwargs)
+    _assert_steps_equal(model, opt, ref, ref_opt, steps=6)
+    if model_fn is _plain_mlp:
+        assert opt.num_members == 1
+
+
+@pytest.mark.parametrize("make,ref_make,rule", [(SGD, torch.optim.SGD, "sgd"), (AdamW, torch.optim.AdamW, "adam")])
+def test_plain_shrunk_model_gets_the_mup_multipliers(make, ref_make, rule):
+    """hydro.optim on one unfused µP surrogate = torch.optim with mup_param_groups (the README's "fused or not")."""
+    torch.manual_seed(0)
+    model = hydro.shrink(nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3)), 4)
+    ref = copy.deepcopy(model)
+    opt = make(model.parameters(), lr=0.05, weight_decay=0.01)
+    ref_opt = ref_make(hydro.shrink.mup_param_groups(ref.parameters(), rule, lr=0.05, weight_decay=0.01))
+    assert len(opt.param_groups) > 1 and opt.num_members == 1  # split by µP multipliers
+    _assert_steps_equal(model, opt, ref, ref_opt, steps=5)

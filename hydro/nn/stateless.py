@@ -6,6 +6,8 @@ Pooling and channel dropout act per channel, so members' channels are laid side 
 """
 from __future__ import annotations
 
+import copy
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -25,7 +27,7 @@ class _Wrapped(FusedModule):
 
     @classmethod
     def from_module(cls, template: nn.Module, num_members: int) -> "_Wrapped":
-        return cls(template, num_members)
+        return cls(copy.deepcopy(template), num_members)  # a copy: train()/eval() must not reach the member
 
     def member_module(self) -> nn.Module:
         return self.op
@@ -77,7 +79,7 @@ class Softmax(_Wrapped):
     def from_module(cls, template: nn.Module, num_members: int) -> "Softmax":
         if template.dim is None:
             raise Unfusable(f"{type(template).__name__} without an explicit dim")
-        return cls(template, num_members)
+        return cls(copy.deepcopy(template), num_members)
 
     def forward(self, x: Tensor) -> Tensor:
         return self._functions[type(self.op)](x, shift_dim(self.op.dim))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 
+import torch
 from torch import nn
 from torch.func import functional_call
 
@@ -54,17 +55,21 @@ class VmapModule(FusedModule):
     forward vmap cannot run (data-dependent control flow) — one call per member on its slice of the state.
 
     Every tensor argument is fused ``[F, ...]`` (the binder expands shared inputs); every tensor output is
-    ``[F, ...]``. Random operations draw independently per member. ``mode`` says which path runs.
+    ``[F, ...]``. Random operations draw independently per member. ``mode`` says which path runs: ``"vmap"``
+    (tried first; on failure the buffers are restored and the call repeats member by member) or
+    ``"loop"`` (member by member from the start: exact for forwards that update their state in place).
     """
 
     data_args = None
 
-    def __init__(self, template: nn.Module, num_members: int) -> None:
+    def __init__(self, template: nn.Module, num_members: int, mode: str = "vmap") -> None:
         super().__init__(num_members)
+        if mode not in ("vmap", "loop"):
+            raise ValueError(f"VmapModule: mode must be 'vmap' or 'loop', got {mode!r}")
         mirror(template, lambda _, t: t.detach().unsqueeze(0).repeat(num_members, *([1] * t.dim())), self)
         # The member module runs only through functional_call, which supplies every tensor of its state.
         self._member = (copy.deepcopy(template).to("meta"),)
-        self.mode = "vmap"
+        self.mode = mode
 
     @classmethod
     def from_module(cls, template: nn.Module, num_members: int) -> "VmapModule":
@@ -81,12 +86,26 @@ class VmapModule(FusedModule):
         inputs = (state, args, kwargs)
         in_dims = (0, tensor_dims(args), tensor_dims(kwargs))
         if self.mode == "vmap":
+            buffers = {name: buf.clone() for name, buf in self.named_buffers()}
+            params = {name: p._version for name, p in self.named_parameters()}
             try:
                 return vmap_members(call, in_dims, inputs)
             except RuntimeError as vmap_error:  # e.g. data-dependent control flow: run member by member
+                self._undo(buffers, params, vmap_error)
                 self.mode = "loop"
                 self.vmap_error = str(vmap_error).splitlines()[0]
         return loop_members(call, in_dims, inputs, self.num_members)
+
+    @torch.no_grad()
+    def _undo(self, buffers: dict, versions: dict, error: RuntimeError) -> None:
+        """Restore the buffers a failed vmap attempt may have updated; parameters updated in place cannot be."""
+        for name, saved in buffers.items():
+            self.get_buffer(name).copy_(saved)
+        changed = [name for name, p in self.named_parameters() if p._version != versions[name]]
+        if changed:
+            raise RuntimeError(f"hydro.nn.VmapModule: {type(self._member[0]).__name__}.forward updated parameters "
+                               f"{changed} in place before torch.vmap failed ({error}). Fix: fuse it with "
+                               f"VmapModule(..., mode='loop')") from error
 
     def extra_repr(self) -> str:
         return f"{type(self._member[0]).__name__}, mode={self.mode}, " + super().extra_repr()

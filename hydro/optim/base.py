@@ -28,8 +28,20 @@ def per_member(value, count: int, name: str) -> Tensor:
     return tensor.clone()
 
 
+def _member_count(params: list[Tensor]) -> int:
+    """``F``: the leading size shared by every parameter; 1 (one unfused model) when they do not share one."""
+    leading = {p.shape[0] if p.dim() else None for p in params}
+    return leading.pop() if len(leading) == 1 and None not in leading else 1
+
+
 class FusedOptimizer(torch.optim.Optimizer):
-    """A ``torch.optim.Optimizer`` for fused parameters whose leading dimension is the member (trial)."""
+    """A ``torch.optim.Optimizer`` for fused parameters whose leading dimension is the member (trial).
+
+    Parameters of a plain (unfused) model — their leading sizes differ — are one member (``F = 1``):
+    the optimizer then steps exactly like its ``torch.optim`` namesake. (Parameters that happen to share a
+    leading size are read as fused; with one value per hyperparameter the update is the same either way,
+    as every update is element-wise.)
+    """
 
     per_member: tuple[str, ...] = ("lr",)
     mup_rule = "sgd"  # which µP multipliers apply: "sgd" (MuSGD) or "adam" (MuAdam, entrywise-normalised)
@@ -51,18 +63,33 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _add_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        counts = {p.shape[0] if p.dim() else None for p in group["params"]}
-        if None in counts or len(counts) != 1 or (self.num_members is not None and counts != {self.num_members}):
-            raise ValueError(f"{type(self).__name__}: every parameter must be fused with the same leading member "
-                             f"dimension F (got leading sizes {sorted(map(str, counts))}); pass the parameters "
-                             f"of a hydro.fuse model or of hydro.nn layers")
-        self.num_members = counts.pop()
+        count = _member_count([p for g in self.param_groups for p in g["params"]])
+        if self.num_members is not None and count != self.num_members:  # plain parameters joined fused-looking ones
+            for earlier in self.param_groups[:-1]:
+                self._as_plain(earlier)
+        self.num_members = count
         self._normalize(group)
         self._validate(group)
 
+    def _as_plain(self, group: dict) -> None:
+        """An earlier group, normalised for ``F`` members, as the one member of unfused parameters."""
+        for name in self.per_member:
+            values = group[name]
+            if not bool((values == values[0]).all()):
+                raise ValueError(f"{type(self).__name__}: hyperparameter '{name}' has one value per member "
+                                 f"({values.tolist()}) but the parameters are not fused (their leading sizes "
+                                 f"differ). Fix: pass the parameters of a hydro.fuse model, or one value for a "
+                                 f"plain model")
+            group[name] = values[:1].clone()
+
     def _normalize(self, group: dict) -> None:
         for name in self.per_member:
-            group[name] = per_member(group[name], self.num_members, name)
+            try:
+                group[name] = per_member(group[name], self.num_members, name)
+            except ValueError as error:
+                plain = " (the parameters are not fused: their leading sizes differ, so they are one member)" \
+                    if self.num_members == 1 else ""
+                raise ValueError(f"{type(self).__name__}: {error}{plain}") from error
 
     def _validate(self, group: dict) -> None:
         if (group["lr"] < 0).any():

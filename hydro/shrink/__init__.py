@@ -10,14 +10,15 @@ import types
 
 from torch import nn
 
-from .errors import ShrinkError
+from .errors import ShrinkError, ShrinkWarning
 from .layers import FusedReadout, MuMultiheadAttention, MuTransformerEncoderLayer, Readout
 from .mup import MUP_ATTR, MuParameter, MuShape, group_by_multipliers, mup_param_groups
+from .report import KeptWidth, ShrinkReport
 from .shrink import shrink
 
-__all__ = ["MUP_ATTR", "FusedReadout", "MuMultiheadAttention", "MuParameter", "MuShape",
-           "MuTransformerEncoderLayer", "Readout", "ShrinkError", "group_by_multipliers", "mup_param_groups",
-           "shrink"]
+__all__ = ["MUP_ATTR", "FusedReadout", "KeptWidth", "MuMultiheadAttention", "MuParameter", "MuShape",
+           "MuTransformerEncoderLayer", "Readout", "ShrinkError", "ShrinkReport", "ShrinkWarning",
+           "group_by_multipliers", "mup_param_groups", "shrink"]
 
 
 class _CallablePackage(types.ModuleType):

@@ -91,15 +91,16 @@ def _embedding(t: nn.Embedding, sizes: dict[str, int], ctx: BuildContext) -> nn.
 
 
 def _heads(attn: nn.MultiheadAttention, embed_dim: int) -> tuple[int, int]:
-    """``(num_heads, head_dim)`` at ``embed_dim`` with the head dimension of ``attn`` kept fixed."""
+    """``(num_heads, head_dim)`` at ``embed_dim``: the head dimension of ``attn`` kept (fewer heads) where it
+    divides ``embed_dim``, else the fewest heads no wider than it (narrower heads, e.g. one head of 8)."""
     if not attn._qkv_same_embed_dim or attn.bias_k is not None or attn.add_zero_attn:
         raise ValueError("MultiheadAttention with kdim/vdim != embed_dim, add_bias_kv or add_zero_attn cannot be "
                          "shrunk; use plain self-/cross-attention with equal dimensions")
     head_dim = attn.head_dim
-    if embed_dim % head_dim:
-        raise ValueError(f"embed_dim {embed_dim} is not a multiple of the head dimension {head_dim} (kept fixed; "
-                         f"{attn.num_heads} heads at full width): use a number of heads divisible by the scale")
-    return embed_dim // head_dim, head_dim
+    if embed_dim % head_dim == 0:
+        return embed_dim // head_dim, head_dim
+    heads = next(h for h in range(1, embed_dim + 1) if embed_dim % h == 0 and embed_dim // h <= head_dim)
+    return heads, embed_dim // heads
 
 
 def _attention(t: nn.MultiheadAttention, sizes: dict[str, int], ctx: BuildContext) -> nn.Module:

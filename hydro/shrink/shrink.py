@@ -2,46 +2,98 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Collection
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .errors import ShrinkError
+from .errors import ShrinkError, ShrinkWarning
 from .mup import MUP_ATTR, MuShape, as_mu_parameters, rescale_init
+from .report import KeptWidth, ShrinkReport
 from .rules import BuildContext, rule_for
 from .widths import WidthPlan, analyse, trace
 
+REPORT_ATTR = "hydro_shrink_report"
 
-def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, readout_zero_init: bool = True,
-           fixed: Collection[str] = ()) -> nn.Module:
+
+def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Collection[str] = (),
+           strict: bool = False, readout_zero_init: bool = True) -> nn.Module:
     """A copy of ``model`` whose width dimensions are divided by ``scale``, in µP with ``model``'s shapes as
     the base, so its best hyperparameters are ``shrink(model, 1)``'s.
 
     Widths are found by data flow (:mod:`hydro.shrink.widths`); every layer with a width is built anew
     (torch's initialisation, then µP's rescaling), the output layer becomes a :class:`Readout` (input ×
     1/width_mult, zero-initialised unless ``readout_zero_init=False``), attention uses logits / head_dim with
-    the head dimension kept and fewer heads. Parameters used directly in forward are sliced. Every parameter
-    carries ``hydro_mup`` (:class:`MuShape`), from which ``hydro.optim`` (and ``mup_param_groups`` for torch
-    optimizers) take µP learning-rate and weight-decay multipliers. The result is deterministic given the
-    model, the scale and torch's RNG state: a checkpoint's ``state_dict`` loads into ``shrink(model, scale)``.
-    ``min_width``: smallest width allowed; ``fixed``: module paths kept at full width.
-    Raises :class:`ShrinkError` naming the layer and the fix when the model cannot be shrunk.
+    the head dimension kept and fewer heads (narrower heads where the width is not a multiple of it).
+    Parameters used directly in forward are sliced. Every parameter carries ``hydro_mup`` (:class:`MuShape`),
+    from which ``hydro.optim`` (and ``mup_param_groups`` for torch optimizers) take µP learning-rate and
+    weight-decay multipliers. The result is deterministic given the model, the scale and torch's RNG state: a
+    checkpoint's ``state_dict`` loads into ``shrink(model, scale)``.
+
+    ``fixed``: module paths kept at full width. Widths coupled to a layer or operation without a shrink
+    rule, widths the scale does not divide or would shrink below ``min_width``, and layers that cannot be
+    built at the scaled sizes are kept at full width (µP treats them as finite dimensions), listed in one
+    :class:`ShrinkWarning` and in ``surrogate.hydro_shrink_report`` (a :class:`ShrinkReport`).
+    ``strict=True``: raise :class:`ShrinkError` (naming the layer and the fix) instead of keeping them.
     """
     if not isinstance(scale, int) or isinstance(scale, bool) or scale < 1:
         raise ShrinkError(f"hydro.shrink: scale must be an integer >= 1, got {scale!r}")
+    if not isinstance(min_width, int) or isinstance(min_width, bool) or min_width < 1:
+        raise ShrinkError(f"hydro.shrink: min_width must be an integer >= 1, got {min_width!r}")
+    if isinstance(fixed, str):
+        raise ShrinkError(f"hydro.shrink: fixed must be a collection of module paths, got the string {fixed!r}. "
+                          f"Fix: fixed=[{fixed!r}]")
     _check_shrinkable(model, fixed)
     traced = copy.deepcopy(model)  # torch.fx stores tensor constants of forward on the module it traces
-    plan = analyse(traced, trace(traced), fixed)
-    _check_sizes(model, plan, scale, min_width)
+    graph = trace(traced)
+    fixed_fields: set[tuple[str, str]] = set()
+    kept: list[KeptWidth] = []
+    while True:  # every round keeps more widths at full size, so this ends
+        try:
+            plan = analyse(traced, graph, fixed, fixed_fields, keep_unruled=not strict)
+        except ShrinkError as error:
+            if not kept:
+                raise
+            raise ShrinkError(f"{error}. Widths kept at full size before that: "
+                              f"{'; '.join(map(str, kept))}") from error
+        problems = _size_problems(model, plan, scale, min_width)
+        if not problems:
+            layers, problem = _shrunk_layers(model, plan, scale, readout_zero_init)
+            if problem is None:
+                break
+            problems = [problem]
+        if strict:
+            raise ShrinkError(problems[0].message)
+        for problem in problems:
+            fields = {(p, f) for field_ in problem.fields for p, f in plan.members(plan.layers[problem.path][field_])}
+            if fields <= fixed_fields:  # another field of the same width group was the cause
+                continue
+            fixed_fields.update(fields)
+            kept.append(KeptWidth(problem.cause, tuple(sorted(f"'{p}'.{f}" for p, f in fields))))
     surrogate = copy.deepcopy(model)
-    for path in plan.layers:
-        _set_module(surrogate, path, _shrunk_layer(model, path, plan, scale, readout_zero_init))
+    for path, layer in layers.items():
+        _set_module(surrogate, path, layer)
     for name, (group, dim) in plan.tensors.items():
         if plan.scaled(group):
             _slice_tensor(surrogate, name, dim, scale)
     as_mu_parameters(surrogate)
+    report = ShrinkReport(scale, tuple(plan.kept + kept), _head_changes(model, surrogate))
+    setattr(surrogate, REPORT_ATTR, report)
+    if report.notice() and scale > 1:  # at scale 1 (the full-size target) nothing is scaled, so nothing to say
+        warnings.warn(report.notice(), ShrinkWarning, stacklevel=3)  # the caller of hydro.shrink(...)
     return surrogate
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """Scaled ``fields`` of layer ``path`` that cannot be scaled: a short ``cause`` and the strict error."""
+
+    path: str
+    fields: tuple[str, ...]
+    cause: str
+    message: str
 
 
 def _check_shrinkable(model: nn.Module, fixed: Collection[str]) -> None:
@@ -62,20 +114,52 @@ def _check_shrinkable(model: nn.Module, fixed: Collection[str]) -> None:
                           f"supported. Fix: untie them (separate parameters) before shrinking")
 
 
-def _check_sizes(model: nn.Module, plan: WidthPlan, scale: int, min_width: int) -> None:
-    for path, fields in plan.layers.items():
+def _size_problems(model: nn.Module, plan: WidthPlan, scale: int, min_width: int) -> list[_Problem]:
+    """Scaled widths the scale does not divide or would shrink below ``min_width``."""
+    problems = []
+    for path in plan.layers:
         module = model.get_submodule(path)
         sizes = rule_for(module).fields(module)
-        for name in plan.scaled_fields(path):
+        for name in sorted(plan.scaled_fields(path)):
             size = sizes[name]
+            where = f"width '{name}' = {size} of layer '{path}' ({type(module).__name__})"
             if size % scale:
-                raise ShrinkError(f"hydro.shrink: width '{name}' = {size} of layer '{path}' "
-                                  f"({type(module).__name__}) is not divisible by scale {scale}. Fix: use a scale "
-                                  f"that divides it, or a width that is a multiple of {scale}")
-            if size // scale < min_width:
-                raise ShrinkError(f"hydro.shrink: width '{name}' = {size} of layer '{path}' "
-                                  f"({type(module).__name__}) would shrink to {size // scale} < min_width="
-                                  f"{min_width}. Fix: a smaller scale, or a smaller min_width")
+                problems.append(_Problem(path, (name,), f"{size} is not divisible by scale {scale}",
+                                         f"hydro.shrink: {where} is not divisible by scale {scale}. Fix: use a scale "
+                                         f"that divides it, or a width that is a multiple of {scale}"))
+            elif size // scale < min_width:
+                problems.append(_Problem(path, (name,), f"{size} would shrink to {size // scale} < min_width="
+                                                        f"{min_width}",
+                                         f"hydro.shrink: {where} would shrink to {size // scale} < min_width="
+                                         f"{min_width}. Fix: a smaller scale, or a smaller min_width"))
+    return problems
+
+
+def _shrunk_layers(model: nn.Module, plan: WidthPlan, scale: int,
+                   readout_zero_init: bool) -> tuple[dict[str, nn.Module], _Problem | None]:
+    """Every layer with a width built at its scaled sizes, or the first layer that cannot be."""
+    layers = {}
+    for path in plan.layers:
+        try:
+            layers[path] = _shrunk_layer(model, path, plan, scale, readout_zero_init)
+        except ShrinkError as error:
+            if not plan.scaled_fields(path):
+                raise
+            cause = f"layer '{path}' ({type(model.get_submodule(path)).__name__}) cannot be built at the scaled sizes"
+            return layers, _Problem(path, tuple(sorted(plan.scaled_fields(path))), cause, str(error))
+    return layers, None
+
+
+def _head_changes(model: nn.Module, surrogate: nn.Module) -> tuple[str, ...]:
+    """Attention layers whose heads had to become narrower than the full model's."""
+    changes = []
+    for path, attn in model.named_modules():
+        small = surrogate.get_submodule(path) if isinstance(attn, nn.MultiheadAttention) else None
+        if isinstance(small, nn.MultiheadAttention) and small.head_dim != attn.head_dim:
+            changes.append(f"attention '{path}': {attn.num_heads} heads of {attn.head_dim} -> {small.num_heads} "
+                           f"head(s) of {small.head_dim} (width {small.embed_dim} is not a multiple of "
+                           f"{attn.head_dim})")
+    return tuple(changes)
 
 
 def _shrunk_layer(model: nn.Module, path: str, plan: WidthPlan, scale: int, readout_zero_init: bool) -> nn.Module:

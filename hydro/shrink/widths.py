@@ -7,7 +7,8 @@ flatten after a conv keeps the channels' group: channels x spatial scales like t
 reach the model's inputs (placeholders) or outputs are fixed; every other group that holds a layer field is
 a width, divided by the scale. Input and output layers thus follow from the data flow, not from the order
 in which modules are defined. A layer, function or parameter without a rule whose value joins a width
-group is an error (it would need its own shrink rule).
+group is an error (it would need its own shrink rule), or — with ``keep_unruled`` — keeps that group at
+full width (listed in ``WidthPlan.kept``).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 from torch.fx import Node
 
 from .errors import ShrinkError
+from .report import KeptWidth
 from .rules import RULES, rule_for
 
 # Element-wise operations, activations, transposes, indexing: the result has the input's width and feature size.
@@ -88,6 +90,7 @@ class WidthPlan:
     groups: _Groups
     layers: dict[str, dict[str, int]] = field(default_factory=dict)
     tensors: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (group, dim)
+    kept: list[KeptWidth] = field(default_factory=list)  # groups kept at full width for want of a rule
 
     def scaled(self, group: int) -> bool:
         return not self.groups.is_fixed[self.groups.find(group)] and self.groups.find(group) in self._width_roots()
@@ -111,6 +114,7 @@ class _Pending:
     groups: list[int]
     message: str
     sizes: frozenset[int] = frozenset()  # for literal reshapes: only sizes of the group's fields matter
+    keepable: str = ""  # what has no rule, if keeping its groups at full width resolves the check
 
 
 def trace(model: nn.Module) -> torch.fx.Graph:
@@ -123,14 +127,18 @@ def trace(model: nn.Module) -> torch.fx.Graph:
                           f"values") from error
 
 
-def analyse(model: nn.Module, graph: torch.fx.Graph, fixed: Collection[str] = ()) -> WidthPlan:
-    """Width groups of ``model`` from ``graph``; ``fixed``: module paths kept at full width."""
-    return _Analysis(model, set(fixed)).run(graph)
+def analyse(model: nn.Module, graph: torch.fx.Graph, fixed: Collection[str] = (),
+            fixed_fields: Collection[tuple[str, str]] = (), keep_unruled: bool = False) -> WidthPlan:
+    """Width groups of ``model`` from ``graph``; ``fixed``: module paths kept at full width;
+    ``fixed_fields``: ``(path, field)`` widths kept at full size; ``keep_unruled``: widths coupled to a layer
+    or operation without a rule are kept at full width (``WidthPlan.kept``) instead of refused."""
+    return _Analysis(model, set(fixed), set(fixed_fields), keep_unruled).run(graph)
 
 
 class _Analysis:
-    def __init__(self, model: nn.Module, fixed: set[str]) -> None:
-        self.model, self.fixed = model, fixed
+    def __init__(self, model: nn.Module, fixed: set[str], fixed_fields: set[tuple[str, str]],
+                 keep_unruled: bool) -> None:
+        self.model, self.fixed, self.fixed_fields, self.keep_unruled = model, fixed, fixed_fields, keep_unruled
         self.plan = WidthPlan(_Groups())
         self.tags: dict[Node, int | dict[int, int]] = {}  # width group of each value (per element of tuples)
         self.sizes: dict[Node, int] = {}  # feature size of a value, where known
@@ -179,7 +187,8 @@ class _Analysis:
             except ValueError as error:
                 rule, reason = None, str(error)
         if rule is not None:
-            fields = self.plan.layers.setdefault(path, {f: groups.new(fixed=path in self.fixed) for f in sizes})
+            fields = self.plan.layers.setdefault(
+                path, {f: groups.new(fixed=path in self.fixed or (path, f) in self.fixed_fields) for f in sizes})
             for i, (name, width_field) in enumerate(rule.inputs):
                 arg = node.args[i] if i < len(node.args) else node.kwargs.get(name)
                 if width_field is not None and self._tag(arg) is not None:
@@ -192,7 +201,7 @@ class _Analysis:
         else:
             what = f"layer '{path}' ({type(module).__name__})"
             why = f" ({reason})" if reason else ""
-            self._opaque(node, f"{what} has no shrink rule{why}", path,
+            self._opaque(node, f"{what} has no shrink rule{why}", path, f"{what}: no shrink rule{why}",
                          f"keep it at full width with hydro.shrink(model, scale, fixed=['{path}']) (the widths it "
                          f"touches then stay fixed), or build it from supported layers "
                          f"({', '.join(sorted({t.__name__ for t in RULES}))})")
@@ -226,7 +235,8 @@ class _Analysis:
                 self._check_literals(node)
         else:
             name = target if method else getattr(target, "__name__", str(target))
-            self._opaque(node, f"operation '{name}' (fx node '{node.name}') has no shrink rule", None,
+            what = f"operation '{name}' (fx node '{node.name}')"
+            self._opaque(node, f"{what} has no shrink rule", None, f"{what}: no shrink rule",
                          "express it with supported layers: nn.Linear instead of matmul/F.linear with a parameter, "
                          "nn.MultiheadAttention or F.scaled_dot_product_attention for attention")
 
@@ -256,7 +266,7 @@ class _Analysis:
                 f"literal size(s) {{sizes}} of the full-width model. Fix: compute sizes from the tensor (x.size(), "
                 f"-1, flatten) instead of writing them as numbers", literals))
 
-    def _opaque(self, node: Node, what: str, path: str | None, fix: str) -> None:
+    def _opaque(self, node: Node, what: str, path: str | None, cause: str, fix: str) -> None:
         groups = self.plan.groups
         inputs = [g for a in node.all_input_nodes for g in self._all_tags(a)]
         out = groups.new()
@@ -266,13 +276,14 @@ class _Analysis:
                 groups.fix(g)
             return
         self.pending.append(_Pending(inputs + [out], f"{what}, but its width is coupled to the scaled width of "
-                                                     f"{{coupled}}. Fix: {fix}"))
+                                                     f"{{coupled}}. Fix: {fix}", keepable=cause))
 
     # --- after the walk ---------------------------------------------------------------------------------------
 
     def _resolve(self) -> None:
         plan = self.plan
         for check in self.pending:
+            kept: list[str] = []
             for g in check.groups:
                 if not plan.scaled(g):
                     continue
@@ -280,9 +291,15 @@ class _Analysis:
                 sizes = {_field_size(self.model, p, f) for p, f in members}
                 if check.sizes and not check.sizes & sizes:
                     continue
+                if check.keepable and self.keep_unruled:
+                    plan.groups.fix(g)
+                    kept += [f"'{p}'.{f}" for p, f in members]
+                    continue
                 coupled = ", ".join(f"'{p}'.{f}" for p, f in members[:3])
                 raise ShrinkError("hydro.shrink: " + check.message.format(coupled=coupled,
                                                                          sizes=sorted(check.sizes & sizes)))
+            if kept:
+                plan.kept.append(KeptWidth(check.keepable, tuple(kept)))
         for node, name, size in self.attr_uses:
             if not plan.scaled(self.tags[node]):
                 continue
