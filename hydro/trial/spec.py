@@ -102,9 +102,8 @@ class TuneSpec:
                              f"{self.metric_names()} (add it to TuneSpec.metrics)")
 
     def shrink_options(self) -> dict:
-        """Keywords for ``hydro.shrink`` (``strict`` only when set)."""
-        options = {"fixed": tuple(self.shrink_fixed), "min_width": self.shrink_min_width}
-        return {**options, "strict": True} if self.shrink_strict else options
+        """Keywords for ``hydro.shrink``."""
+        return {"fixed": tuple(self.shrink_fixed), "min_width": self.shrink_min_width, "strict": self.shrink_strict}
 
     def metric_names(self) -> list[str]:
         """Every per-member metric a trial reports each epoch."""

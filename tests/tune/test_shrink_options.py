@@ -2,8 +2,6 @@
 reach ``hydro.shrink`` for every member a trial builds, and ``hydro tune`` sets them from its flags."""
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
 import hydro
@@ -31,8 +29,6 @@ def test_spec_shrink_options_reach_every_member():
     assert widths(shrink_min_width=2, shrink_fixed=("net.4",)) == [(2, 64), (16, 2), (16, 16), (10, 16)]  # kept
 
 
-@pytest.mark.skipif("strict" not in inspect.signature(hydro.shrink).parameters,
-                    reason="hydro.shrink(strict=...) comes with the core package")
 def test_strict_shrink_refuses_what_would_fall_below_min_width():
     with pytest.raises(ShrinkError):
         widths(shrink_strict=True)  # 16 / 8 = 2 < min_width 8
