@@ -104,6 +104,12 @@ class StepTimeModel:
         ``layers`` (the optimizer pseudo-layer included when ``layers`` has one)."""
         return sum(self.layer_seconds(f, members) for f in layers)
 
+    def work_seconds(self, layers: Sequence[LayerFeatures], members: int) -> float:
+        """Predicted seconds of one step without the per-call overheads: the part that scales with the
+        device's rate (the ``work`` of :class:`schedulers.placement.cluster.GpuType`, on this model's device)."""
+        return sum(self.layer_seconds(f, members) - (self.kinds.get(f.kind) or self.kinds[ALL_KINDS]).overhead_s
+                   for f in layers)
+
     def throughput(self, layers: Sequence[LayerFeatures], members: int, batch_size: int) -> float:
         """Predicted member-samples per second at ``members``."""
         return members * batch_size / self.step_seconds(layers, members)
