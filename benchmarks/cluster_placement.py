@@ -68,11 +68,32 @@ def main() -> None:
         print(f"{r['load']:<16} {r['policy']:<26} {r['gpu_hours']:>10.1f} {r['gpu_hours_vs_a']:>+7.0%} "
               f"{r['makespan_s'] / 3600:>11.2f} {r['makespan_s_vs_a']:>+7.0%} {r['mean_queueing_s'] / 60:>10.1f} "
               f"{r['mean_jct_s'] / 3600:>7.2f} {r['mean_jct_s_vs_a']:>+7.0%}")
+    sweep = sensitivity(args.jobs, args.seeds)
+    print("\nsensitivity of (c) to min_efficiency (how long a trial waits for a better GPU): change vs (a)")
+    print(f"{'load':<16} {'min_eff.':>8} {'GPU-hours':>10} {'makespan':>9} {'JCT':>6}")
+    for r in sweep:
+        print(f"{r['load']:<16} {r['min_efficiency']:>8.1f} {r['gpu_hours_vs_a']:>+10.0%} {r['makespan_s_vs_a']:>+9.0%} "
+              f"{r['mean_jct_s_vs_a']:>+6.0%}")
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "cluster_placement.json"
-    out.write_text(json.dumps({"cluster": dict(CLUSTER.counts), "loads": LOADS, "table": table, "runs": rows}, indent=2))
+    out.write_text(json.dumps({"cluster": dict(CLUSTER.counts), "loads": LOADS, "table": table, "sensitivity": sweep,
+                               "runs": rows}, indent=2))
     print(f"wrote {out}")
     print(f"wrote {plot(table, timelines, args.out / 'cluster_placement.png')}")
+
+
+def sensitivity(jobs: int, seeds: int) -> list[dict]:
+    """(c) with min_efficiency 0 (never wait), 0.5 (the table's) and 0.7, relative to (a), mean over seeds."""
+    rows = []
+    for load, interarrival in LOADS.items():
+        streams = [job_stream(jobs, seed=s, mean_interarrival_s=interarrival, steps_per_epoch=2000) for s in range(seeds)]
+        base = [simulate(CLUSTER, stream, TypeOblivious()) for stream in streams]
+        for level in (0.0, 0.5, 0.7):
+            runs = [simulate(CLUSTER, stream, ElasticHeterogeneityAware(min_efficiency=level)) for stream in streams]
+            rows.append({"load": load, "min_efficiency": level, **{
+                f"{m}_vs_a": float(np.mean([getattr(r, m) for r in runs]) / np.mean([getattr(r, m) for r in base]) - 1)
+                for m in METRICS}})
+    return rows
 
 
 def plot(table: list[dict], timelines: dict, path: Path) -> Path:
