@@ -53,11 +53,22 @@ def grid_layers() -> list[tuple[str, int, object]]:
     for i, (n, fan_in, fan_out) in enumerate(LINEAR):
         rows.append(("Linear", i, profile_layers(nn.Linear(fan_in, fan_out), torch.randn(n, fan_in))[0]))
     for i, (n, c_in, c_out, hw) in enumerate(CONV):
-        rows.append(("Conv2d", i, profile_layers(nn.Conv2d(c_in, c_out, 3, padding=1), torch.randn(n, c_in, hw, hw))[0]))
+        conv = nn.Conv2d(c_in, c_out, 3, padding=1)
+        rows.append(("Conv2d", i, profile_layers(conv, torch.randn(n, c_in, hw, hw))[0]))
     for i, (n, c, hw) in enumerate(ELEMENTWISE):
         rows.append(("BatchNorm2d", i, profile_layers(nn.BatchNorm2d(c), torch.randn(n, c, hw, hw))[0]))
         rows.append(("ReLU", i, profile_layers(nn.ReLU(), torch.randn(n, c, hw, hw))[0]))
     return rows
+
+
+def error_row(model: StepTimeModel, kind: str, timings: list) -> dict:
+    """Median relative errors of the regressor and of PALEO on ``timings``."""
+    measured = [t.seconds for t in timings]
+    return {"kind": kind, "held_out": len(timings),
+            "regressor_median_error": median_error([model.layer_seconds(t.features, t.members) for t in timings],
+                                                   measured),
+            "paleo_median_error": median_error([model.paleo_seconds(t.features, t.members) for t in timings],
+                                               measured)}
 
 
 def measured_step(factory, x, y, members: int, device, clock) -> tuple[float, int]:
@@ -99,19 +110,9 @@ def main() -> None:
         train.append(time_optimizer(MLP((32, 64, 10)), f, device, clock=clock))
         train.append(time_optimizer(MLP((128, 512, 10)), f, device, clock=clock))
     model = StepTimeModel.fit(device_name(device), train)
-    layer_rows = []
-    for kind in sorted({t.features.kind for t in held_out}):
-        rows = [t for t in held_out if t.features.kind == kind]
-        measured = [t.seconds for t in rows]
-        layer_rows.append({
-            "kind": kind, "held_out": len(rows),
-            "regressor_median_error": median_error([model.layer_seconds(t.features, t.members) for t in rows], measured),
-            "paleo_median_error": median_error([model.paleo_seconds(t.features, t.members) for t in rows], measured)})
-    everything = [t.seconds for t in held_out]
-    layer_rows.append({
-        "kind": "all", "held_out": len(held_out),
-        "regressor_median_error": median_error([model.layer_seconds(t.features, t.members) for t in held_out], everything),
-        "paleo_median_error": median_error([model.paleo_seconds(t.features, t.members) for t in held_out], everything)})
+    kinds = sorted({t.features.kind for t in held_out})
+    layer_rows = [error_row(model, kind, [t for t in held_out if t.features.kind == kind]) for kind in kinds]
+    layer_rows.append(error_row(model, "all", held_out))
 
     # 2. whole training steps of the example models (batch 64), predicted from layer features only
     step_rows = []
@@ -154,7 +155,8 @@ def main() -> None:
     print("\nlayer time on held-out shapes (median relative error, F in 1/4/16)")
     print(f"{'kind':<12} {'n':>4} {'regressor':>10} {'PALEO':>8}")
     for r in layer_rows:
-        print(f"{r['kind']:<12} {r['held_out']:>4} {r['regressor_median_error']:>10.1%} {r['paleo_median_error']:>8.1%}")
+        print(f"{r['kind']:<12} {r['held_out']:>4} {r['regressor_median_error']:>10.1%} "
+              f"{r['paleo_median_error']:>8.1%}")
     print("\nwhole training step (batch 64), predicted from features vs measured")
     print(f"{'workload':<20} {'F':>3} {'measured ms':>12} {'predicted ms':>13} {'error':>7} {'mem error':>10}")
     for r in step_rows:
@@ -165,7 +167,8 @@ def main() -> None:
     print(f"{'workload':<20} {'ladder':>18} {'F':>3} {'s':>6} {'candidates':>12} {'F':>3} {'s':>6} {'speed ratio':>11}")
     for r in plan_rows:
         print(f"{r['workload']:<20} {str(r['ladder_counts']):>18} {r['ladder_F']:>3} {r['ladder_s']:>6.1f} "
-              f"{str(r['candidates']):>12} {r['predicted_F']:>3} {r['predicted_s']:>6.1f} {r['throughput_ratio']:>11.2f}")
+              f"{str(r['candidates']):>12} {r['predicted_F']:>3} {r['predicted_s']:>6.1f} "
+              f"{r['throughput_ratio']:>11.2f}")
     meta = {"device": model.device, "clock": clock_name, "platform": platform.platform(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
             "seconds": time.perf_counter() - started}

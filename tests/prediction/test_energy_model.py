@@ -41,7 +41,8 @@ def test_stage_fits_from_small_runs_predict_a_larger_job():
 def test_compute_seconds_from_the_step_time_model_replace_the_fitted_stage():
     model = EnergyModel.fit(windows())
     prediction = model.predict(4, 512, GRAD, steps=10, compute_seconds=0.5)
-    assert prediction.seconds[Stage.COMPUTE] == 5.0 and prediction.joules[Stage.COMPUTE] == pytest.approx(4 * 300.0 * 5.0)
+    assert prediction.seconds[Stage.COMPUTE] == 5.0
+    assert prediction.joules[Stage.COMPUTE] == pytest.approx(4 * 300.0 * 5.0)
 
 
 def test_placements_are_ranked_by_energy():
