@@ -9,10 +9,7 @@ process's peak), since the CPU allocator keeps no statistics.
 """
 from __future__ import annotations
 
-import time
-import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -21,6 +18,8 @@ from torch import Tensor, nn
 from hydro.binder import fuse
 from hydro.loss import trial_losses
 from hydro.optim import SGD
+from hydro.profiling import (free_memory_bytes, measure_training_step, optimized_tensors,  # noqa: F401 (public
+                             torch_threads, training_tensors)  # names of hydro.planning, kept where they were)
 
 
 @dataclass
@@ -45,35 +44,31 @@ class FusionPlan:
 
 def plan_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, Tensor], loss_fn: Callable, *,
                 max_members: int = 64, memory_budget_bytes: int | None = None, device: str | torch.device | None = None,
-                steps: int = 3, tolerance: float = 0.05, threads: int | None = None) -> FusionPlan:
+                steps: int = 3, tolerance: float = 0.05, threads: int | None = None,
+                candidates: Sequence[int] | None = None) -> FusionPlan:
     """Measure fused training of ``model_factory()`` members on ``batch`` (inputs, targets) and pick F.
 
     ``max_members`` caps F (e.g. the number of configurations to run); ``memory_budget_bytes`` defaults to
     90% of free CUDA memory, or half of the available RAM on CPU. ``threads``: torch CPU threads to measure
-    with, as many as the training will have (default: this process's setting).
+    with, as many as the training will have (default: this process's setting). ``candidates``: the counts to
+    measure (e.g. the two or three a step-time model predicts best), instead of the ladder 1, 2, 4, ...
     """
-    with _torch_threads(threads):
-        return _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, device, steps, tolerance)
+    with torch_threads(threads):
+        return _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, device, steps, tolerance,
+                     candidates)
 
 
-@contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
-    """torch's intra-op CPU threads set to ``threads`` inside the block (``None``: unchanged)."""
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, device, steps, tolerance) -> FusionPlan:
+def _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, device, steps, tolerance,
+          candidates) -> FusionPlan:
     if max_members < 1:
         raise ValueError(f"max_members must be >= 1, got {max_members}")
+    if candidates is not None and not all(isinstance(c, int) and 1 <= c <= max_members for c in candidates or [0]):
+        raise ValueError(f"plan_fusion: candidates must be a non-empty list of ints in 1..max_members "
+                         f"({max_members}), got {candidates!r}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     budget = memory_budget_bytes if memory_budget_bytes is not None else _default_budget(device)
-    candidates = sorted({*(2 ** k for k in range(max_members.bit_length()) if 2 ** k <= max_members), max_members})
+    candidates = sorted(set(candidates)) if candidates is not None else sorted(
+        {*(2 ** k for k in range(max_members.bit_length()) if 2 ** k <= max_members), max_members})
     measurements: list[FusionMeasurement] = []
     reason = f"measured up to F={candidates[-1]} (max_members)"
     for count in candidates:
@@ -95,15 +90,6 @@ def _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, devic
     best = max(x.samples_per_s for x in measurements)
     chosen = max(x.num_members for x in measurements if x.samples_per_s >= (1 - tolerance) * best)
     return FusionPlan(chosen, str(device), int(budget), reason, measurements)
-
-
-def free_memory_bytes(device: torch.device | str = "cpu") -> int:
-    """Free memory of ``device``: CUDA's free device memory, or the available RAM (Linux ``MemAvailable``)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    with open("/proc/meminfo") as meminfo:
-        return next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable")) * 1024
 
 
 def _default_budget(device: torch.device) -> int:
@@ -131,71 +117,3 @@ def _measure(model_factory, batch, loss_fn, count: int, device: torch.device, st
     return FusionMeasurement(count, elapsed, peak, count * inputs.shape[0] / elapsed)
 
 
-def training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Tensor]:
-    """Parameters, buffers, gradients and optimizer state: what stays resident between steps."""
-    return [*optimized_tensors(optimizer), *model.buffers()]
-
-
-def optimized_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
-    """The optimizer's parameters, their gradients and its state."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, Tensor)]
-    return [*params, *(p.grad for p in params if p.grad is not None), *state]
-
-
-def measure_training_step(step: Callable[[], None], resident: Callable[[], list[Tensor]],
-                          device: torch.device | str = "cpu", steps: int = 3, min_time_s: float = 0.0
-                          ) -> tuple[float, int]:
-    """Mean seconds of ``step()`` (after one warm-up; at least ``steps`` calls and ``min_time_s`` seconds)
-    and its peak memory in bytes.
-
-    CUDA: the allocator's peak. CPU: the distinct storages of ``resident()`` plus the peak of the tensors
-    autograd holds for backward at any one time (a lower bound of the process's peak).
-    """
-    device = torch.device(device)
-    step()  # warm-up: allocates gradients and optimizer state
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    start, calls = time.perf_counter(), 0
-    while calls < steps or time.perf_counter() - start < min_time_s:
-        step()
-        calls += 1
-        if device.type == "cuda" and calls >= steps:
-            torch.cuda.synchronize(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) / calls, torch.cuda.max_memory_allocated(device)
-    elapsed = (time.perf_counter() - start) / calls
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in resident()}
-    saved = _LiveSavedBytes(exclude=set(storages))
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-        step()
-    return elapsed, sum(storages.values()) + saved.peak
-
-
-class _LiveSavedBytes:
-    """Peak bytes of the distinct storages autograd holds for backward at one time, ignoring ``exclude``."""
-
-    def __init__(self, exclude: set[int]) -> None:
-        self.peak, self._total, self._live, self._exclude = 0, 0, {}, exclude
-
-    def pack(self, tensor: Tensor) -> Tensor:
-        key = tensor.untyped_storage().data_ptr()
-        if key in self._exclude:
-            return tensor
-        count, size = self._live.get(key, (0, tensor.untyped_storage().nbytes()))
-        self._live[key] = (count + 1, size)
-        if count == 0:
-            self._total += size
-            self.peak = max(self.peak, self._total)
-        weakref.finalize(tensor, self._release, key)
-        return tensor
-
-    def _release(self, key: int) -> None:
-        count, size = self._live[key]
-        if count == 1:
-            del self._live[key]
-            self._total -= size
-        else:
-            self._live[key] = (count - 1, size)

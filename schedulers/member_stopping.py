@@ -180,3 +180,48 @@ class MemberStopping:
     def stopped(self) -> dict[str, int]:
         """Stopped members and the epoch they stopped after."""
         return dict(self.stopped_at)
+
+
+class ConvergenceStopping(StoppingRule):
+    """Stop a member whose predicted score at ``max_t`` cannot beat the best score seen so far (Optimus's curve
+    ``1/(β0·k + β1) + β2`` fitted to its scores, :func:`schedulers.prediction.convergence.fit_curve`).
+
+    From ``grace_period`` epochs on (at least 3), the member's curve predicts its score at ``max_t`` with a
+    bootstrap standard deviation; it stops when even ``prediction + z·std`` is below the best score any member
+    has reached (``margin`` more, in score units, makes it stop only clear losers). A diverged member
+    (``-inf``) stops once any member has a finite score; every member stops at ``max_t``.
+    """
+
+    def __init__(self, max_t: int, grace_period: int = 3, z: float = 2.0, margin: float = 0.0,
+                 bootstrap: int = 20) -> None:
+        if grace_period < 3 or max_t < grace_period:
+            raise ValueError(f"ConvergenceStopping needs 3 <= grace_period <= max_t (a curve needs 3 points), got "
+                             f"grace_period={grace_period}, max_t={max_t}")
+        if z < 0 or margin < 0:
+            raise ValueError(f"ConvergenceStopping z and margin must be >= 0, got z={z}, margin={margin}")
+        self.max_t, self.grace_period, self.z, self.margin, self.bootstrap = max_t, grace_period, z, margin, bootstrap
+        self.history: dict[str, list[tuple[int, float]]] = {}
+        self.best = -math.inf
+        self.predictions: dict[str, tuple[float, float]] = {}  # member -> (predicted final score, std), last fit
+
+    def on_result(self, member: str, epoch: int, score: float) -> bool:
+        from schedulers.prediction.convergence import fit_curve  # numpy/scipy: only when this rule is used
+
+        history = self.history.setdefault(member, [])
+        history.append((epoch, score))
+        best_before, self.best = self.best, max(self.best, score)
+        if epoch >= self.max_t:
+            return True
+        if score == -math.inf:
+            return best_before > -math.inf
+        if epoch < self.grace_period or any(s == -math.inf for _, s in history):
+            return False
+        epochs, scores = zip(*history)
+        fit = fit_curve(epochs, [-s for s in scores], bootstrap=self.bootstrap, seed=len(history))
+        final = fit.value(self.max_t)
+        self.predictions[member] = (-final.value, final.std)
+        return -final.value + self.z * final.std + self.margin < best_before
+
+    def on_complete(self, member: str, epoch: int, score: float) -> None:
+        self.history.setdefault(member, []).append((epoch, score))
+        self.best = max(self.best, score)

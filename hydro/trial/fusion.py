@@ -7,12 +7,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping
 
 import torch
+from torch import Tensor, nn
 
 from hydro.planning import plan_fusion
+from hydro.profiling import fit_step_time_model, step_features, torch_threads
 from hydro.trial.data import DataSource
 from hydro.trial.precision import autocast
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
+from schedulers.prediction.step_time import StepTimeModel, candidate_counts
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +58,38 @@ class MeasuredFusion(FusionPlanner):
         x, y = self.data[0].sample(size)
         template = build_member(self.spec.model, config, self.scale,  # one shrink; plan_fusion only times steps,
                                 shrink_options=self.spec.shrink_options())
+        candidates = self.candidates(template, x)
         with autocast(self.device, self.spec.precision):               # initial values do not matter
             plan = plan_fusion(lambda: copy.deepcopy(template), (x, y), self.spec.loss, max_members=self.max_members,
                                memory_budget_bytes=self.memory_budget_bytes, device=self.device, steps=PLAN_STEPS,
-                               threads=self.threads)
-        logger.info("plan_fusion for group %s on %s (%s): F=%d (%s)", key, self.device, self.spec.precision,
-                    plan.num_members, plan.reason)
+                               threads=self.threads, candidates=candidates)
+        logger.info("plan_fusion for group %s on %s (%s): F=%d of %s (%s)", key, self.device, self.spec.precision,
+                    plan.num_members, candidates or "the ladder 1, 2, 4, ...", plan.reason)
         return plan.num_members
+
+    def candidates(self, template: nn.Module, x: Tensor) -> list[int] | None:
+        """The fusion counts to measure (``None``: plan_fusion's ladder)."""
+        return None
+
+
+class PredictedFusion(MeasuredFusion):
+    """F measured like :class:`MeasuredFusion`, but only at the two or three counts a step-time model
+    predicts best (:func:`schedulers.prediction.step_time.candidate_counts`) instead of the ladder 1, 2, 4, ...
+
+    ``model``: a :class:`~schedulers.prediction.step_time.StepTimeModel` fitted for this device (e.g. by
+    ``benchmarks/step_time_prediction.py``); ``None``: fitted on the group's own layers, timed at F = 1, 4, 16.
+    """
+
+    def __init__(self, spec: TuneSpec, scale: int, data: tuple[DataSource, DataSource], max_members: int,
+                 threads: int, model: StepTimeModel | None = None, device: torch.device | None = None,
+                 memory_budget_bytes: int | None = None) -> None:
+        super().__init__(spec, scale, data, max_members, threads, device, memory_budget_bytes)
+        self.model = model
+
+    def candidates(self, template: nn.Module, x: Tensor) -> list[int]:
+        with torch_threads(self.threads):
+            model = self.model or fit_step_time_model(template, x)
+            return candidate_counts(model, step_features(template, x), len(x), self.max_members)
 
 
 _PLANNED_IN_PROCESS: dict[tuple, int] = {}  # (group key, scale, device type, precision) -> F

@@ -1,0 +1,80 @@
+"""Placement policies and the trace-driven cluster simulator."""
+import pytest
+
+from schedulers.placement.cluster import A100, H100, V100, Cluster, GpuType
+from schedulers.placement.policies import (ElasticHeterogeneityAware, HeterogeneityAware, PendingTrial,
+                                           TypeOblivious)
+from schedulers.placement.simulator import TuningJob, job_stream, simulate
+
+TYPES = {g.name: g for g in (H100, A100, V100)}
+SURROGATE, TARGET = PendingTrial("s", 0.25 / 64), PendingTrial("t", 0.25)
+
+
+def test_small_surrogates_go_to_weak_gpus_and_targets_to_the_strongest():
+    placed = HeterogeneityAware().place([SURROGATE, TARGET], {"V100": 1, "H100": 1}, TYPES)
+    assert sorted(placed) == [(0, "V100"), (1, "H100")]
+    # a target would run at 0.29 of its H100 speed on a V100: with min_efficiency it waits, until patience runs out
+    waiting = HeterogeneityAware(min_efficiency=0.5, patience_s=60)
+    assert waiting.place([TARGET], {"V100": 1}, TYPES) == []
+    assert waiting.place([PendingTrial("t", 0.25, waited_s=61)], {"V100": 1}, TYPES) == [(0, "V100")]
+
+
+def test_type_oblivious_placement_is_fifo_reproducible_and_uses_only_free_gpus():
+    queue = [PendingTrial(f"k{i}", 0.1) for i in range(5)]
+    placed = TypeOblivious().place(queue, {"V100": 2, "H100": 1}, TYPES)
+    assert [i for i, _ in placed] == [0, 1, 2] and sorted(g for _, g in placed) == ["H100", "V100", "V100"]
+    assert TypeOblivious().place(queue, {"V100": 2, "H100": 1}, TYPES) == placed
+
+
+def test_stopping_follows_the_trace_and_the_best_configuration_survives():
+    job = job_stream(1, seed=3)[0]
+    stops = job.stop_epochs()
+    assert [sum(s > r for s in stops) for r in (0, 1, 3, 9)] == [32, 11, 4, 2]
+    assert stops[job.best()] == 27 and job.qualities()[job.best()] == max(job.qualities())
+
+
+def one_job(**overrides):
+    fields = dict(name="j", arrival_s=0.0, configs=16, fusion=8, surrogate_work=0.004, target_work=0.25,
+                  steps_per_epoch=100, rungs=(1, 3, 9), reduction=4, target_epochs=5, seed=0)
+    return TuningJob(**{**fields, **overrides})
+
+
+def test_one_job_alone_runs_for_the_predicted_time():
+    cluster = Cluster.of((H100, 1), (V100, 2))
+    result = simulate(cluster, [one_job()], HeterogeneityAware())
+    # two surrogate trials (8 members each), equal gains: FIFO order takes the H100, then a V100; each epoch
+    # takes 100 steps of its surviving members; then the target takes the H100 for 5 epochs
+    stops = one_job().stop_epochs()
+
+    def busy(group, gpu):
+        return sum(100 * gpu.step_seconds(0.004 * sum(stops[m] > e for m in group)) for e in range(9)
+                   if any(stops[m] > e for m in group))
+
+    first, second = busy(range(8), H100), busy(range(8, 16), V100)
+    target = 5 * 100 * H100.step_seconds(0.25)
+    assert result.makespan_s == pytest.approx(max(first, second) + target)
+    assert result.gpu_hours * 3600 == pytest.approx(first + second + target)
+    assert result.gpu_seconds_by_type["V100"] == pytest.approx(second)
+
+
+def test_elastic_merge_releases_gpus_and_keeps_the_tuning_result():
+    cluster = Cluster.of((A100, 4))
+    jobs = [one_job(configs=32, seed=s, arrival_s=100.0 * s, target_epochs=1, target_work=0.004, steps_per_epoch=1000)
+            for s in range(3)]  # the surrogate phase dominates; 5 s per merge
+    plain = simulate(cluster, jobs, HeterogeneityAware(), merge_s=5.0)
+    elastic = simulate(cluster, jobs, ElasticHeterogeneityAware(), merge_s=5.0)
+    assert elastic.best_configs == plain.best_configs
+    assert elastic.gpu_hours < 0.9 * plain.gpu_hours
+
+
+def test_cluster_and_simulation_refuse_impossible_input():
+    with pytest.raises(ValueError, match="known GPU types"):
+        Cluster({"V100": V100}, {"H100": 1})
+
+    class Greedy(TypeOblivious):
+        def place(self, queue, free, types):
+            return [(0, "V100"), (0, "V100")]
+
+    with pytest.raises(ValueError, match="busy GPU or a trial twice"):
+        simulate(Cluster.of((V100, 1)), [one_job()], Greedy())
+    assert GpuType("X", 2.0, 0.01).step_seconds(1.0) == pytest.approx(0.51)
