@@ -8,9 +8,10 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     full-size targets), driven by the policy's own decisions.
 Reported: the target's validation metric against stock's best (and against a few full-size seeds of stock's
 top configuration, the noise), Spearman rank correlation of the surrogates' scores (S=4, S=8) with the
-full-size ones over the N configurations, the transfer check of the remedies, and wall time. Training runs in
+full-size ones over the N configurations, the transfer check of the remedies, and time. Training runs in
 this process with ``hydro.trial.FusedTrial`` (no Ray: the same unit Ray trials run, without scheduling
-overheads), one torch thread, one training at a time; wall time is the sum of the trainings. Writes
+overheads), one torch thread, one training at a time. Time is the process CPU time of the trainings: with
+one thread it is the wall time of an idle machine, and a shared machine's load does not inflate it. Writes
 ``transfer_fidelity.json`` and ``transfer_fidelity.png`` to ``--out``.
 
     python -m benchmarks.transfer_fidelity [--workloads mlp,resmlp,cnn,lm] [--samples 16] [--quick]
@@ -124,7 +125,7 @@ WORKLOADS = {w.name: w for w in [
 
 @dataclass
 class Trainer:
-    """Trains plans of one workload in this process, one at a time; ``seconds``: the time they took."""
+    """Trains plans of one workload in this process, one at a time; ``seconds``: the CPU time they took."""
 
     spec: TuneSpec
     data: tuple[Batch, Batch]
@@ -133,12 +134,12 @@ class Trainer:
     def run(self, plan: TrialPlan, spec: TuneSpec | None = None) -> dict[str, float]:
         """Train ``plan`` for the spec's epochs; the members' final validation metric (member id -> value)."""
         spec = spec or self.spec
-        start = time.perf_counter()
+        start = time.process_time()
         trial = FusedTrial(spec, plan, self.data)
         for _ in range(spec.epochs):
             trial.train_epoch()
         values = trial.evaluate()[spec.metric].tolist()
-        self.seconds += time.perf_counter() - start
+        self.seconds += time.process_time() - start
         return dict(zip(trial.member_ids, values))
 
     def surrogates(self, configs: dict[str, dict], scale: int, seeds: int) -> dict[str, Score]:
@@ -242,7 +243,7 @@ def report(results: dict) -> None:
         print(f"\n[{name}] {res['kind']}; {res['metric']} ({res['mode']}), {res['epochs']} epochs")
         print(f"  stock: {stock_res['seconds']:.0f} s, best {stock_res['best_value']:.4f}; its config over "
               f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}")
-        print(f"  {'variant':<26} {'wall s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'Spearman':>8} "
+        print(f"  {'variant':<26} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'Spearman':>8} "
               f"{'checks (rho)':>14}  trail (scale: score)")
         for variant, run in res["runs"].items():
             checks = ",".join(f"{c['rho']:.2f}" for c in run["checks"] if c["configs"] >= 3) or "-"
@@ -269,7 +270,7 @@ def plot(results: dict, path: Path) -> None:
             line = line or points
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.axhline(0.0, color="black", linewidth=0.5)
-    ax.set_xlabel("speed-up over stock full-size search (wall time)")
+    ax.set_xlabel("speed-up over stock full-size search (CPU time, 1 thread)")
     ax.set_ylabel("target shortfall vs stock's best (points, or % of loss)")
     ax.set_title("Transfer fidelity: Hydro's returned configuration at full size")
     ax.legend(fontsize=6, ncol=2)

@@ -34,16 +34,17 @@ def trial_dirname(trial) -> str:
 def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, fusion: int | str = "auto",
         max_fusion: int = 64, scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
-        max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1
-        ) -> tuple[tune.ResultGrid, HydroSearcher]:
+        max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1,
+        **transfer) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
-    table and best configuration written to its directory) and the searcher."""
+    table and best configuration written to its directory) and the searcher. ``transfer``: the transfer
+    stages' options of ``HydroSearcher`` (``ladder``, ``eta``, ``top_k``, ``seeds``)."""
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     data = spec.load_data()  # once, in the driver: the searcher plans fusion with it, trials get it from Ray
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale, fusion=fusion,
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
-                                   seed=seed, data=data)
+                                   seed=seed, data=data, **transfer)
     tuner = tune.Tuner(
         trainable(spec, data), param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
