@@ -15,6 +15,7 @@ one thread it is the wall time of an idle machine, and a shared machine's load d
 ``transfer_fidelity.json`` and ``transfer_fidelity.png`` to ``--out``.
 
     python -m benchmarks.transfer_fidelity [--workloads mlp,resmlp,cnn,lm] [--samples 16] [--quick]
+                                           [--variants "S=4,S=8"] [--reuse]
 """
 from __future__ import annotations
 
@@ -192,6 +193,10 @@ VARIANTS = {
     "S=8 ladder": {"scale": 8, "ladder": True},
     "S=8 top-3": {"scale": 8, "top_k": 3},
     "S=8 ladder+seeds=2+top-2": {"scale": 8, "ladder": True, "seeds": 2, "top_k": 2},
+    "S=4 seeds=3": {"scale": 4, "seeds": 3},
+    "S=4 ladder": {"scale": 4, "ladder": True},
+    "S=4 top-3": {"scale": 4, "top_k": 3},
+    "S=4 ladder+seeds=2+top-2": {"scale": 4, "ladder": True, "seeds": 2, "top_k": 2},
 }
 
 
@@ -201,20 +206,29 @@ def shortfall(spec: TuneSpec, value: float, reference: float) -> float:
     return reference - value if spec.mode == "max" else (value - reference) / abs(reference)
 
 
-def measure(workload: Workload, samples: int, variants: list[str], quick: bool, seed: int) -> dict:
+def measure(workload: Workload, samples: int, variants: list[str], quick: bool, seed: int,
+            previous: dict | None) -> dict:
+    """Stock and the ``variants`` on one workload; ``previous``: this workload's result of an earlier run, whose
+    stock trainings (and other variants) are reused when it drew the same configurations (they are
+    deterministic)."""
     spec, space = workload.make(quick)
     drawn = RandomSearch(space, seed=seed)
     configs = {f"c{i:02d}": drawn.suggest(str(i)) for i in range(samples)}
     trainer = Trainer(spec, spec.load_data())
-    full = stock(trainer, configs)
-    stock_seconds = trainer.seconds
-    sign = -1 if spec.mode == "max" else 1
-    top = min(full, key=lambda c: sign * full[c])
-    noise = [full[top]] + [trainer.run(TrialPlan(TrialKind.PLAIN, [(top, configs[top])]),
-                                       dataclasses.replace(spec, seed=s))[top] for s in NOISE_SEEDS]
-    print(f"[{workload.name}] stock: {stock_seconds:.0f} s, best {top} {full[top]:.4f}; its seeds "
-          f"{Score.of(noise)}", flush=True)
-    runs, targets = {}, {}
+    if previous is not None and previous["configs"] == configs:
+        full, stock_seconds, top = previous["stock"]["scores"], previous["stock"]["seconds"], previous["stock"]["best"]
+        noise_score, runs = Score(**previous["stock"]["best_seeds"]), dict(previous["runs"])
+    else:
+        full = stock(trainer, configs)
+        stock_seconds = trainer.seconds
+        sign = -1 if spec.mode == "max" else 1
+        top = min(full, key=lambda c: sign * full[c])
+        noise_score = Score.of([full[top]] + [trainer.run(TrialPlan(TrialKind.PLAIN, [(top, configs[top])]),
+                                                          dataclasses.replace(spec, seed=s))[top] for s in NOISE_SEEDS])
+        runs = {}
+    print(f"[{workload.name}] stock: {stock_seconds:.0f} s, best {top} {full[top]:.4f}; its seeds {noise_score}",
+          flush=True)
+    targets = {}
     for name in variants:
         policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, **VARIANTS[name])
         run = hydro_run(trainer, configs, policy, targets)
@@ -229,7 +243,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
               flush=True)
     return {"kind": workload.kind, "metric": spec.metric, "mode": spec.mode, "epochs": spec.epochs,
             "configs": configs, "stock": {"seconds": stock_seconds, "scores": full, "best": top,
-                                          "best_value": full[top], "best_seeds": vars(Score.of(noise))},
+                                          "best_value": full[top], "best_seeds": vars(noise_score)},
             "runs": runs}
 
 
@@ -258,7 +272,7 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    markers = "os^vDP*X"
+    markers = "os^vDP*Xhp<>"
     variants = list(VARIANTS)
     for name, res in results["workloads"].items():
         line = None
@@ -286,6 +300,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smaller models, fewer epochs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse the stock trainings and other variants of the JSON this run would write")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS] + [w for w in args.workloads.split(",") if w not in WORKLOADS]
@@ -295,12 +311,16 @@ def main() -> None:
     results = {"samples": args.samples, "seed": args.seed, "quick": args.quick, "cpus": os.cpu_count(),
                "load_start": os.getloadavg()[0], "machine": platform.machine(), "torch": torch.__version__,
                "workloads": {}}
+    stem = "transfer_fidelity" + ("_" + args.workloads.replace(",", "_") if args.workloads != parser.get_default("workloads") else "")
+    earlier = json.loads((args.out / f"{stem}.json").read_text()) if args.reuse else {}
+    if earlier and (earlier["samples"], earlier["seed"], earlier["quick"]) != (args.samples, args.seed, args.quick):
+        parser.error(f"--reuse: {args.out / f'{stem}.json'} was measured with other --samples/--seed/--quick")
     for name in args.workloads.split(","):
-        results["workloads"][name] = measure(WORKLOADS[name], args.samples, variants, args.quick, args.seed)
+        results["workloads"][name] = measure(WORKLOADS[name], args.samples, variants, args.quick, args.seed,
+                                             earlier.get("workloads", {}).get(name))
     results["load_end"] = os.getloadavg()[0]
     report(results)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "transfer_fidelity" + ("_" + args.workloads.replace(",", "_") if args.workloads != parser.get_default("workloads") else "")
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     plot(results, args.out / f"{stem}.png")
     print(f"\nwrote {args.out / f'{stem}.json'} and {args.out / f'{stem}.png'}")
