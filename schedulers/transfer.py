@@ -116,16 +116,19 @@ class TransferPolicy:
     stages start (``None``: no stages, no target); ranked by their final ``metric`` in ``mode``. ``scale``: the
     search's surrogate scale S. ``ladder``: train the best ``1/eta`` at S/2, S/4, ... before full size.
     ``top_k``: configurations trained at full size. ``seeds``: repeats of each configuration in surrogate
-    stages. ``min_agreement``: a transfer check below this Spearman rho is low."""
+    stages. ``min_agreement``: a transfer check below this Spearman rho is low. An unshrunk search (``scale``
+    1) has nothing to transfer: its one stage re-trains its best configuration at full size.
+
+    Defaults (ladder, top-2, one seed) are what won ``benchmarks/transfer_fidelity.py``."""
 
     fraction: float | None
     num_samples: int
     metric: str
     mode: str
     scale: int = 1
-    ladder: bool = False
+    ladder: bool = True
     eta: int = 3
-    top_k: int = 1
+    top_k: int = 2
     seeds: int = 1
     min_agreement: float = 0.5
 
@@ -169,7 +172,8 @@ class TransferPolicy:
         configurations."""
         stages, count = [], candidates
         for scale in self.scales()[1:]:
-            count = min(count, self.top_k if scale == FULL_SIZE else max(self.top_k, math.ceil(count / self.eta)))
+            top_k = self.top_k if self.scale > FULL_SIZE else 1
+            count = min(count, top_k if scale == FULL_SIZE else max(top_k, math.ceil(count / self.eta)))
             stages.append((scale, count, self.seeds if scale > FULL_SIZE else 1))
         return stages
 

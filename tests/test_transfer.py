@@ -52,7 +52,7 @@ def test_width_ladder_promotes_the_best_members_and_ends_at_full_size():
 
 
 def test_top_k_without_ladder_returns_the_best_at_full_size():
-    p = policy(scale=4, top_k=3, mode="min")
+    p = policy(scale=4, ladder=False, top_k=3, mode="min")
     search = {"a": Score(1.0, 0, 1), "b": Score(0.5, 0, 1), "c": Score(0.7, 0, 1), "d": Score(0.9, 0, 1)}
     rungs, stages = run_stages(p, search, lambda c, s: {"a": 0.1, "b": 0.9, "c": 0.3, "d": 0.2}[c])
     assert [(r.scale, r.configs) for r in rungs] == [(1, ["b", "c", "d"])]
@@ -64,10 +64,16 @@ def test_ladder_stops_at_the_number_of_scored_configs_and_keeps_top_k():
     assert p.scales() == [16, 8, 4, 2, 1]
     assert p.schedule(5) == [(8, 4, 1), (4, 4, 1), (2, 4, 1), (1, 4, 1)]
     assert policy(scale=1, ladder=True).scales() == [1, 1]  # unshrunk search: the target is a full-size re-run
+    assert policy(scale=1, top_k=3).schedule(5) == [(1, 1, 1)]  # of its best configuration alone
+
+
+def test_defaults_are_the_ladder_and_top_2():
+    p = policy(scale=8)
+    assert p.schedule(16) == [(4, 6, 1), (2, 2, 1), (1, 2, 1)]
 
 
 def test_transfer_check_warns_when_rankings_disagree():
-    p = policy(scale=4, top_k=5, min_agreement=0.5)
+    p = policy(scale=4, ladder=False, top_k=5, min_agreement=0.5)
     search = scores_of((c, v) for c, v in zip("abcde", [5, 4, 3, 2, 1]))
     agree = [search, scores_of((c, v) for c, v in zip("abcde", [0.9, 0.8, 0.85, 0.5, 0.1]))]
     disagree = [search, scores_of((c, v) for c, v in zip("abcde", [1, 2, 3, 4, 5]))]

@@ -76,14 +76,14 @@ def test_seeds_ladder_and_top_k_targets(caplog):
 
 
 def test_failed_target_and_restore_mid_ladder(tmp_path):
-    s = HydroSearcher(spec(), num_samples=4, scale=4, fusion=4, ladder=True, eta=2, seed=0)
+    s = HydroSearcher(spec(), num_samples=4, scale=4, fusion=4, ladder=True, eta=2, top_k=1, seed=0)
     s.set_search_properties("val_acc", "max", SPACE)
     plan = plan_of(s.suggest("t0"))
     finish(s, "t0", plan, lambda m: int(m[1:]) / 10)
     rung = plan_of(s.suggest("r2"))
     assert rung.scale == 2 and [m for m, _ in rung.members] == ["m00003@2", "m00002@2"]
     s.save(str(tmp_path / "searcher.pkl"))
-    restored = HydroSearcher(spec(), num_samples=4, scale=4, fusion=4, ladder=True, eta=2)
+    restored = HydroSearcher(spec(), num_samples=4, scale=4, fusion=4, ladder=True, eta=2, top_k=1)
     restored.restore(str(tmp_path / "searcher.pkl"))
     finish(restored, "r2", rung, lambda m: 0.9 if m.startswith("m00002") else 0.8)
     target = plan_of(restored.suggest("target"))

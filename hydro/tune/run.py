@@ -38,7 +38,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
         **transfer) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
     table and best configuration written to its directory) and the searcher. ``transfer``: the transfer
-    stages' options of ``HydroSearcher`` (``ladder``, ``eta``, ``top_k``, ``seeds``)."""
+    stages' options of ``HydroSearcher`` (``ladder``, ``eta``, ``top_k``, ``seeds``, ``min_agreement``)."""
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     data = spec.load_data()  # once, in the driver: the searcher plans fusion with it, trials get it from Ray

@@ -79,10 +79,11 @@ class HydroSearcher(Searcher):
     most ``max_fusion``), or a :class:`~hydro.trial.fusion.FusionPlanner`. ``scheduler``: per-member early
     stopping, a rule of :mod:`schedulers.member_stopping` or Ray's ``ASHAScheduler``/``MedianStoppingRule``
     (leave its metric/mode unset). ``transfer_fraction``: fraction of members that must have finished before
-    the transfer stages start (``None``: no stages, no target). The stages (:class:`~schedulers.transfer.TransferPolicy`):
-    ``seeds`` repeats of each configuration in surrogate trials (their score: mean ± spread), a width ``ladder``
-    (the best ``1/eta`` re-trained at S/2, S/4, ...), then the ``top_k`` best at full size, the best of
-    which on validation is returned; the run logs their cost up front, the returned configuration's score
+    the transfer stages start (``None``: no stages, no target). The stages, set by ``transfer`` options of
+    :class:`~schedulers.transfer.TransferPolicy`: ``seeds`` repeats of each configuration in surrogate trials
+    (their score: mean ± spread), a width ``ladder`` (the best ``1/eta`` re-trained at S/2, S/4, ...), then
+    the ``top_k`` best at full size, the best of which on validation is returned (default: ladder, top-2, one
+    seed; ``ladder=False, top_k=1``: the best member's configuration alone); the run logs their cost up front, the returned configuration's score
     at each scale and the transfer check (a warning when rankings of consecutive scales disagree). Use it with ``TuneConfig(num_samples=-1)``: this
     searcher says when the run has no more trials. ``data``: the ``spec.load_data()`` the driver already
     loaded, to plan fusion with (default: loaded when needed). ``trial_cpus``: CPUs (torch threads) each trial
@@ -93,14 +94,13 @@ class HydroSearcher(Searcher):
                  fusion: int | str | FusionPlanner = "auto", max_fusion: int = 64,
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
                  seed: int | None = None, data: tuple[Batch, Batch] | None = None, trial_cpus: int = 1,
-                 ladder: bool = False, eta: int = 3, top_k: int = 1, seeds: int = 1) -> None:
+                 **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
         self.spec, self.scale, self.trial_cpus, self._data = spec, scale, trial_cpus, data
         self._planner = None if fusion == "auto" else fusion if isinstance(fusion, FusionPlanner) else FixedFusion(fusion)
-        self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode, scale=scale,
-                                       ladder=ladder, eta=eta, top_k=top_k, seeds=seeds)
+        self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode, scale=scale, **transfer)
         rule = stopping_rule(scheduler, spec.metric)
         self.inner = searcher if searcher is not None else RandomSearch(seed=seed)
         self.state = SearchState(MemberPool(num_samples, max_fusion), MemberLedger(),
