@@ -192,13 +192,13 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=4": {"scale": 4},
     "S=8": {"scale": 8},
     "S=8 seeds=3": {"scale": 8, "seeds": 3},
-    "S=8 ladder": {"scale": 8, "ladder": True},
+    "S=8 ladder": {"scale": 8, "ladder": True},  # TransferPolicy's default
     "S=8 top-3": {"scale": 8, "top_k": 3},
     "S=8 ladder+seeds=2+top-2": {"scale": 8, "ladder": True, "seeds": 2, "top_k": 2},
-    "S=8 ladder+top-2": {"scale": 8, "ladder": True, "top_k": 2},  # TransferPolicy's default
-    "S=4 ladder+top-2": {"scale": 4, "ladder": True, "top_k": 2},  # TransferPolicy's default
+    "S=8 ladder+top-2": {"scale": 8, "ladder": True, "top_k": 2},
+    "S=4 ladder+top-2": {"scale": 4, "ladder": True, "top_k": 2},
     "S=4 seeds=3": {"scale": 4, "seeds": 3},
-    "S=4 ladder": {"scale": 4, "ladder": True},
+    "S=4 ladder": {"scale": 4, "ladder": True},  # TransferPolicy's default
     "S=4 top-3": {"scale": 4, "top_k": 3},
     "S=4 ladder+seeds=2+top-2": {"scale": 4, "ladder": True, "seeds": 2, "top_k": 2},
 }.items()}

@@ -67,9 +67,9 @@ def test_ladder_stops_at_the_number_of_scored_configs_and_keeps_top_k():
     assert policy(scale=1, top_k=3).schedule(5) == [(1, 1, 1)]  # of its best configuration alone
 
 
-def test_defaults_are_the_ladder_and_top_2():
+def test_defaults_are_the_ladder_and_one_target():
     p = policy(scale=8)
-    assert p.schedule(16) == [(4, 6, 1), (2, 2, 1), (1, 2, 1)]
+    assert p.schedule(16) == [(4, 6, 1), (2, 2, 1), (1, 1, 1)]
 
 
 def test_transfer_check_warns_when_rankings_disagree():

@@ -82,8 +82,8 @@ class HydroSearcher(Searcher):
     the transfer stages start (``None``: no stages, no target). The stages, set by ``transfer`` options of
     :class:`~schedulers.transfer.TransferPolicy`: ``seeds`` repeats of each configuration in surrogate trials
     (their score: mean ± spread), a width ``ladder`` (the best ``1/eta`` re-trained at S/2, S/4, ...), then
-    the ``top_k`` best at full size, the best of which on validation is returned (default: ladder, top-2, one
-    seed; ``ladder=False, top_k=1``: the best member's configuration alone); the run logs their cost up front, the returned configuration's score
+    the ``top_k`` best at full size, the best of which on validation is returned (default: the ladder, one
+    target, one seed; ``ladder=False``: the best member's configuration alone); the run logs their cost up front, the returned configuration's score
     at each scale and the transfer check (a warning when rankings of consecutive scales disagree). Use it with ``TuneConfig(num_samples=-1)``: this
     searcher says when the run has no more trials. ``data``: the ``spec.load_data()`` the driver already
     loaded, to plan fusion with (default: loaded when needed). ``trial_cpus``: CPUs (torch threads) each trial
