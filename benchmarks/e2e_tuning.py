@@ -146,7 +146,8 @@ def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, opti
     results, _ = fit(spec, space, scale=scale, fusion="auto", searcher=searcher, scheduler=scheduler,
                      name=name, max_fusion=max(1, args.samples // args.concurrency), **options)
     if configs is not None:
-        members = [c for r in results if r.config for _, c in plan_of(r.config).members if plan_of(r.config).fused]
+        plans = [plan_of(r.config) for r in results if r.config]  # the search's trials (not the width ladder's)
+        members = [c for p in plans if p.fused and p.scale == scale for _, c in p.members]
         assert sorted(map(repr, members)) == sorted(map(repr, configs))
     best = best_configuration(results, spec)
     return best["config"], best["value"], data_wait_fraction(results)

@@ -1,32 +1,152 @@
-"""When a Hydro search trains its full-size target, and with which member's configuration (plain Python).
+"""What a Hydro search trains after its surrogates, to hand back a configuration that holds at full size
+(plain Python).
 
-The surrogates' best hyperparameters transfer to the full-size model (µP); the target is due once ``fraction``
-of the members have finished, or when nothing is left to draw and no member is still training.
+The surrogates' best hyperparameters transfer to the full-size model (µP), but a narrow surrogate can prefer a
+different validation optimum and single-seed scores are noisy. Remedies, all decided here:
+
+- *seed repeats*: a configuration is trained ``seeds`` times in one fused trial (members differ in their
+  initialisation); its score at a scale is the mean with a spread (:class:`Score`);
+- *width ladder*: successive halving along width: the best ``1/eta`` of the configurations at scale S are
+  trained again at S/2, the best of those at S/4, ... (scales above 1), then the top ``top_k`` at full size;
+- *top-k targets*: the ``top_k`` best configurations of the last surrogate scale train at full size and the
+  best of them on validation is returned;
+- *transfer check*: Spearman rank agreement between consecutive scales over the configurations trained at both
+  (:class:`TransferCheck`), low when below ``min_agreement``.
+
+Scales are width divisors (1 = full size). Stages are the search (at S) and the stages after it (ladder rungs,
+then full size); decisions take the scores of the finished stages, in order.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+FULL_SIZE = 1
+
+
+@dataclass(frozen=True)
+class Score:
+    """A configuration's score at one scale: ``mean`` of its seeds' finite final values, ``spread`` their
+    sample standard deviation (0 for one seed), ``count`` the seeds it averages."""
+
+    mean: float
+    spread: float
+    count: int
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Score | None:
+        """The score of one configuration's seed values (non-finite ones ignored); ``None`` if none is finite."""
+        finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+        if not finite:
+            return None
+        mean = sum(finite) / len(finite)
+        spread = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)) if len(finite) > 1 else 0.0
+        return cls(mean, spread, len(finite))
+
+    def __str__(self) -> str:
+        return f"{self.mean:.4g} ± {self.spread:.2g} (n={self.count})" if self.count > 1 else f"{self.mean:.4g}"
+
+
+def scores_of(values: Iterable[tuple[str, float]]) -> dict[str, Score]:
+    """Scores of ``(config id, final value)`` pairs, one per seed, grouped by config (first-seen order);
+    configurations without a finite value are left out."""
+    grouped: dict[str, list[float]] = {}
+    for config, value in values:
+        grouped.setdefault(config, []).append(value)
+    return {c: score for c, v in grouped.items() if (score := Score.of(v)) is not None}
+
+
+Stages = Sequence[Mapping[str, Score]]  # config id -> score of each finished stage, the search's first
+
+
+@dataclass(frozen=True)
+class Rung:
+    """A stage to train: ``configs`` (ids, best first) at width ÷ ``scale``, each ``seeds`` times."""
+
+    scale: int
+    configs: list[str]
+    seeds: int
+
+
+@dataclass(frozen=True)
+class TransferCheck:
+    """Rank agreement (Spearman ``rho``) of the ``configs`` trained at both ``coarse`` and ``fine`` scales;
+    ``low``: below the policy's ``min_agreement`` (``rho`` is NaN and ``low`` False with fewer than 3)."""
+
+    coarse: int
+    fine: int
+    configs: int
+    rho: float
+    low: bool
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation of paired values (ties get average ranks); NaN if fewer than 2 pairs or a
+    side is constant."""
+    if len(a) != len(b):
+        raise ValueError(f"spearman: {len(a)} values against {len(b)}")
+    ra, rb = _ranks(a), _ranks(b)
+    n = len(ra)
+    if n < 2:
+        return math.nan
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return cov / var if var > 0 else math.nan
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
 
 
 @dataclass
 class TransferPolicy:
-    """``fraction``: share of the ``num_samples`` members that must have finished (``None``: no target);
-    members are ranked by their final ``metric`` in ``mode``."""
+    """``fraction``: share of the ``num_samples`` search members that must have finished before the transfer
+    stages start (``None``: no stages, no target); ranked by their final ``metric`` in ``mode``. ``scale``: the
+    search's surrogate scale S. ``ladder``: train the best ``1/eta`` at S/2, S/4, ... before full size.
+    ``top_k``: configurations trained at full size. ``seeds``: repeats of each configuration in surrogate
+    stages. ``min_agreement``: a transfer check below this Spearman rho is low. An unshrunk search (``scale``
+    1) has nothing to transfer: its one stage re-trains its best configuration at full size.
+
+    Defaults (the ladder, one full-size target, one seed) are what won ``benchmarks/transfer_fidelity.py``: as
+    good as top-2 or seed repeats on its workloads, for less."""
 
     fraction: float | None
     num_samples: int
     metric: str
     mode: str
+    scale: int = 1
+    ladder: bool = True
+    eta: int = 3
+    top_k: int = 1
+    seeds: int = 1
+    min_agreement: float = 0.5
 
     def __post_init__(self) -> None:
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ValueError(f"transfer_fraction must be in (0, 1] or None, got {self.fraction}")
+        for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2)):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
+                raise ValueError(f"TransferPolicy: {name} must be an int >= {low}, got {getattr(self, name)!r}")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"TransferPolicy: mode must be 'min' or 'max', got {self.mode!r}")
+
+    # --- when the stages start ----------------------------------------------------------------------------
 
     def due(self, finished: Mapping[str, dict | None], nothing_left: bool) -> bool:
-        """Whether the target should start now, given the finished members' results; ``nothing_left``: no
-        member is left to draw and none is still training."""
+        """Whether the transfer stages should start now, given the finished search members' results;
+        ``nothing_left``: no member is left to draw and none is still training."""
         if self.fraction is None:
             return False
         enough = len(finished) >= math.ceil(self.fraction * self.num_samples)
@@ -34,11 +154,71 @@ class TransferPolicy:
 
     def best(self, finished: Mapping[str, dict | None]) -> str | None:
         """The finished member with the best finite final value (first one on ties), or ``None``."""
-        best, best_value = None, math.nan
-        for member, result in finished.items():
-            value = (result or {}).get(self.metric)
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                continue
-            if best is None or (value > best_value if self.mode == "max" else value < best_value):
-                best, best_value = member, value
-        return best
+        ranked = self.ranking({m: score for m, r in finished.items()
+                               if (score := Score.of([(r or {}).get(self.metric, math.nan)])) is not None})
+        return ranked[0] if ranked else None
+
+    # --- what they train -----------------------------------------------------------------------------------
+
+    def scales(self) -> list[int]:
+        """The scale of every stage: the search's S, then S/2, S/4, ... (above 1) with the ladder, then 1."""
+        rungs, scale = [self.scale], self.scale // 2
+        while self.ladder and scale > FULL_SIZE:
+            rungs.append(scale)
+            scale //= 2
+        return [*rungs, FULL_SIZE]
+
+    def schedule(self, candidates: int) -> list[tuple[int, int, int]]:
+        """``(scale, configurations, seeds)`` of each stage after the search, for ``candidates`` scored
+        configurations."""
+        stages, count = [], candidates
+        for scale in self.scales()[1:]:
+            top_k = self.top_k if self.scale > FULL_SIZE else 1
+            count = min(count, top_k if scale == FULL_SIZE else max(top_k, math.ceil(count / self.eta)))
+            stages.append((scale, count, self.seeds if scale > FULL_SIZE else 1))
+        return stages
+
+    def cost(self, candidates: int) -> float:
+        """Estimated cost of the stages after the search in full-size trainings, taking a member's compute as
+        proportional to width² (dense layers): the sum over stages of configurations × seeds ÷ scale²."""
+        return sum(count * seeds / scale ** 2 for scale, count, seeds in self.schedule(candidates))
+
+    def describe(self, candidates: int) -> str:
+        """The stages after the search and their cost, to show before they run."""
+        stages = ", ".join(f"{count}" + (f"×{seeds} seeds" if seeds > 1 else "")
+                           + (" at full size" if scale == FULL_SIZE else f" at S={scale}")
+                           for scale, count, seeds in self.schedule(candidates))
+        return f"{stages}: about {self.cost(candidates):.2f} full-size trainings (compute ∝ width²)"
+
+    def next_rung(self, stages: Stages) -> Rung | None:
+        """The next stage to train, from the scores of the finished ones (``stages[0]``: the search's), or
+        ``None`` when full size is done or the last stage has no score."""
+        scales = self.scales()
+        if not stages or len(stages) >= len(scales) or not stages[-1]:
+            return None
+        ranked = self.ranking(stages[-1])
+        scale, count, seeds = self.schedule(len(stages[0]))[len(stages) - 1]
+        return Rung(scale, ranked[:count], seeds)
+
+    def ranking(self, scores: Mapping[str, Score]) -> list[str]:
+        """Config ids by mean score, best first (ties keep their order)."""
+        sign = -1.0 if self.mode == "max" else 1.0
+        return sorted(scores, key=lambda c: sign * scores[c].mean)
+
+    def returned(self, stages: Stages) -> str | None:
+        """The configuration the run returns: the best of the last stage with a score."""
+        scored = [s for s in stages if s]
+        return self.ranking(scored[-1])[0] if scored else None
+
+    def checks(self, stages: Stages) -> list[TransferCheck]:
+        """Rank agreement of every pair of consecutive stages, coarse to fine."""
+        out, pairs = [], list(zip(self.scales(), stages))
+        for (coarse, a), (fine, b) in zip(pairs, pairs[1:]):
+            common = [c for c in b if c in a]
+            rho = spearman([a[c].mean for c in common], [b[c].mean for c in common]) if len(common) >= 3 else math.nan
+            out.append(TransferCheck(coarse, fine, len(common), rho, math.isfinite(rho) and rho < self.min_agreement))
+        return out
+
+    def trail(self, stages: Stages, config: str) -> list[tuple[int, Score]]:
+        """``config``'s score at each scale it was trained at, coarse to fine."""
+        return [(scale, scores[config]) for scale, scores in zip(self.scales(), stages) if config in scores]

@@ -84,7 +84,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
         max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1,
         callbacks: Sequence[tune.Callback] = (), data: tuple[DataSource, DataSource] | None = None,
         energy: EnergySettings | None = None, bubbles: bool = False, cpus_per_trial: float = 1,
-        gpus_per_trial: float = 0) -> tuple[tune.ResultGrid, HydroSearcher]:
+        gpus_per_trial: float = 0, **transfer) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
     table and best configuration written to its directory) and the searcher.
 
@@ -99,7 +99,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     ``trainable``). With GPUs and ``fusion="auto"``, fusion is planned where the trials run (the driver may have
     no GPU): the searcher hands out up to ``max_fusion`` members per trial, each trial measures how many fit and
     train fast on its device and trains them in chunks of that many, and the group's later trials get that
-    many members. Raises
+    many members. ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
+    ``top_k``, ``seeds``, ``min_agreement``). Raises
     :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""
     if energy is not None and energy.batch_sizes and "batch_size" in param_space:
         raise ValueError("hydro tune --energy: the batch size is chosen per fused group by the energy bandit; remove "
@@ -119,7 +120,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,
                                    fusion=max_fusion if in_trial else fusion,
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
-                                   seed=seed, data=data)
+                                   seed=seed, data=data, **transfer)
     progress = [MemberProgress(spec.metric, spec.mode, num_samples)] if verbose >= 1 else []
     if progress:
         show_progress()

@@ -4,9 +4,9 @@ Each Ray trial is one fused group of up to F members (configurations). A thin ad
 ``ConcurrencyLimiter`` wraps a searcher, over plain-Python parts: the member pool (draw from the inner searcher
 under member ids, group by ``TuneSpec.group_key``, take groups of the planned size,
 :mod:`schedulers.member_pool`), the member ledger (each member's results reach the inner searcher as its own
-trial, once, :mod:`schedulers.member_ledger`), the transfer policy (when the full-size target trains and with
-which configuration, :mod:`schedulers.transfer`) and a fusion planner (:mod:`hydro.trial.fusion`). The run's
-best result is the target's: the best member's configuration at full size, in µP when the members were shrunk.
+trial, once, :mod:`schedulers.member_ledger`), the transfer policy (when the transfer stages start, what they train
+— seed repeats, a width ladder, top-k full-size targets — and the transfer check, :mod:`schedulers.transfer`) and a fusion planner (:mod:`hydro.trial.fusion`). The run's
+best result is the best target's: the best configurations at full size, in µP when the members were shrunk.
 """
 from __future__ import annotations
 
@@ -35,9 +35,29 @@ from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
-from schedulers.transfer import TransferPolicy
+from schedulers.transfer import FULL_SIZE, Rung, Score, TransferPolicy, scores_of
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TransferState:
+    """The transfer stages of a search: ``stages``: scores of the finished stages (config id -> score), the
+    search's first; ``rung``: the stage in progress, its ``members`` (surrogate stages) and the ``waiting``
+    fused groups or target configurations not yet started; ``targets``: full-size trial id -> config id,
+    ``target_values`` the final values of those that ended (``None``: failed before a report). A config id is
+    the id of the search member the inner searcher drew; its seed repeats are ``<id>#<seed>``, its ladder
+    members ``<id>@<scale>[#<seed>]``. ``forwarded``: configs whose completion the inner searcher heard.
+    ``started``: every trial of the stages has started (the run can end)."""
+
+    stages: list[dict[str, Score]] = field(default_factory=list)
+    rung: Rung | None = None
+    members: list[str] = field(default_factory=list)
+    waiting: list[list[tuple[str, dict]]] = field(default_factory=list)
+    targets: dict[str, str] = field(default_factory=dict)
+    target_values: dict[str, float] = field(default_factory=dict)
+    forwarded: set[str] = field(default_factory=set)
+    started: bool = False
 
 
 @dataclass
@@ -50,9 +70,9 @@ class SearchState:
     stopping: MemberStopping | None
     service_name: str
     space: dict
-    target_trial: str | None = None
     rejected: dict[str, tuple[dict, str]] = field(default_factory=dict)  # member -> (config, why)
     trial_groups: dict = field(default_factory=dict)  # surrogate trial id -> its members' group key
+    transfer: TransferState = field(default_factory=TransferState)
 
 
 class HydroSearcher(Searcher):
@@ -63,7 +83,12 @@ class HydroSearcher(Searcher):
     most ``max_fusion``), or a :class:`~hydro.trial.fusion.FusionPlanner`. ``scheduler``: per-member early
     stopping, a rule of :mod:`schedulers.member_stopping` or Ray's ``ASHAScheduler``/``MedianStoppingRule``
     (leave its metric/mode unset). ``transfer_fraction``: fraction of members that must have finished before
-    the full-size target trial starts (``None``: no target). Use it with ``TuneConfig(num_samples=-1)``: this
+    the transfer stages start (``None``: no stages, no target). The stages, set by ``transfer`` options of
+    :class:`~schedulers.transfer.TransferPolicy`: ``seeds`` repeats of each configuration in surrogate trials
+    (their score: mean ± spread), a width ``ladder`` (the best ``1/eta`` re-trained at S/2, S/4, ...), then
+    the ``top_k`` best at full size, the best of which on validation is returned (default: the ladder, one
+    target, one seed; ``ladder=False``: the best member's configuration alone); the run logs their cost up front, the returned configuration's score
+    at each scale and the transfer check (a warning when rankings of consecutive scales disagree). Use it with ``TuneConfig(num_samples=-1)``: this
     searcher says when the run has no more trials. ``data``: the ``spec.load_data()`` the driver already
     loaded, to plan fusion with (default: loaded when needed). ``trial_cpus``: CPUs (torch threads) each trial
     trains with (Tune's default: 1); ``plan_fusion`` measures with as many.
@@ -72,13 +97,14 @@ class HydroSearcher(Searcher):
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int = 1,
                  fusion: int | str | FusionPlanner = "auto", max_fusion: int = 64,
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
-                 seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1) -> None:
+                 seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1,
+                 **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
         self.spec, self.scale, self.trial_cpus, self._data = spec, scale, trial_cpus, data
         self._planner = None if fusion == "auto" else fusion if isinstance(fusion, FusionPlanner) else FixedFusion(fusion)
-        self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode)
+        self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode, scale=scale, **transfer)
         rule = stopping_rule(scheduler, spec.metric)
         self.inner = searcher if searcher is not None else RandomSearch(seed=seed)
         self.state = SearchState(MemberPool(num_samples, max_fusion), MemberLedger(),
@@ -108,28 +134,40 @@ class HydroSearcher(Searcher):
             self._scheduler_checked = True
         self._ensure_service()
         state = self.state
-        if state.target_trial is None and self.transfer.due(state.ledger.finished, self._nothing_left()):
-            return self._start_target(trial_id)
-        members = state.pool.draw(self._suggest_member, self.spec.group_key, self._fusion_for)
+        if state.transfer.stages or self.transfer.due(self._search_finished(), self._nothing_left()):
+            config = self._transfer_trial(trial_id)
+            if config is not None:
+                return config
+        members = state.pool.draw(self._suggest_member, self.spec.group_key, self._repeat_fusion)
         if members:
+            members = [(_repeat_id(m, s), c) for m, c in members for s in range(self.transfer.seeds)]
             state.ledger.add_trial(trial_id, [m for m, _ in members])
             state.trial_groups[trial_id] = self.spec.group_key(members[0][1])
             plan = TrialPlan(TrialKind.SURROGATE, members, self.scale, self.scale > 1, self._service_name(),
                              reports_objective=self.transfer.fraction is None)
             return {**_unset(state.space), **plan.to_config()}
-        if state.pool.exhausted and (self.transfer.fraction is None or state.target_trial is not None
-                                     or not state.ledger.running()):
+        if state.pool.exhausted and (self.transfer.fraction is None or state.transfer.started
+                                     or (not state.transfer.stages and not state.ledger.running())):
             return Searcher.FINISHED
         return None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if trial_id in self.state.transfer.targets:
+            return  # its final value counts, at completion
         self._forward(self.state.ledger.observe(_member_results(result)))
         self._replan(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        transfer = self.state.transfer
+        if trial_id in transfer.targets:
+            transfer.target_values[transfer.targets[trial_id]] = (result or {}).get(self.spec.metric)
+            self._advance()
+            return
         if result:
             self.on_trial_result(trial_id, result)
         self._forward(self.state.ledger.trial_complete(trial_id, error or bool((result or {}).get(ERROR_KEY))))
+        if transfer.rung is not None:
+            self._advance()
 
     def save(self, checkpoint_path: str) -> None:
         if self._service is not None:
@@ -161,7 +199,8 @@ class HydroSearcher(Searcher):
     # --- results ---------------------------------------------------------------------------------------
 
     def member_results(self) -> dict[str, dict]:
-        """Final result of every finished member (member id -> metrics, epoch, stopped)."""
+        """Final result of every finished member (member id -> metrics, epoch, stopped), seed repeats and
+        ladder members included."""
         return dict(self.state.ledger.finished)
 
     def rejected_members(self) -> dict[str, tuple[dict, str]]:
@@ -169,9 +208,23 @@ class HydroSearcher(Searcher):
         return dict(self.state.rejected)
 
     def best_member(self) -> tuple[str, dict] | None:
-        """The finished member with the best finite objective, as (member id, config)."""
-        member = self.transfer.best(self.state.ledger.finished)
+        """The search's configuration with the best finite objective (mean over its seeds), as (member id,
+        config)."""
+        member = self.transfer.returned([self._search_scores()])
         return None if member is None else (member, self.state.pool.configs[member])
+
+    def transfer_report(self) -> str:
+        """The returned configuration's score at each scale it was trained at, and the transfer checks."""
+        stages = self.state.transfer.stages
+        config = self.transfer.returned(stages)
+        if config is None:
+            return "no transfer stage has a score"
+        trail = ", ".join(f"{'full size' if s == FULL_SIZE else f'S={s}'}: {score}"
+                          for s, score in self.transfer.trail(stages, config))
+        checks = "; ".join(f"S={c.coarse} vs S={c.fine} over {c.configs} configurations: rho {c.rho:.2f}"
+                           + (" (LOW)" if c.low else "") for c in self.transfer.checks(stages) if c.configs >= 3)
+        return f"{self.spec.metric} of the returned configuration {config} at each scale: {trail}" + \
+            (f". Transfer check (Spearman): {checks}" if checks else "")
 
     # --- internals ---------------------------------------------------------------------------------------
 
@@ -220,24 +273,131 @@ class HydroSearcher(Searcher):
     def _nothing_left(self) -> bool:
         return self.state.pool.exhausted and not self.state.ledger.running()
 
-    def _start_target(self, trial_id: str) -> dict:
-        member, config = self.best_member()
-        self.state.target_trial = trial_id
-        source = {"member": member, self.spec.metric: self.state.ledger.finished[member][self.spec.metric]}
-        logger.info("training the full-size target with member %s's configuration %s", member, config)
-        plan = TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, config)], scale=1, mup=self.scale > 1, source=source)
-        return {**plan.to_config(), **config}
+    def _repeat_fusion(self, key, config: Mapping) -> int:
+        """Search members per fused trial: the planned count divided among each configuration's seeds."""
+        return max(1, self._fusion_for(key, config) // self.transfer.seeds)
+
+    def _search_finished(self) -> dict[str, dict | None]:
+        """Final results of the finished search members (first seeds), for when the stages are due."""
+        return {m: r for m, r in self.state.ledger.finished.items() if m in self.state.pool.configs}
+
+    def _search_scores(self) -> dict[str, Score]:
+        """Each finished search configuration's score over its finished seeds."""
+        return scores_of((_config_id(m), (r or {}).get(self.spec.metric)) for m, r in self.state.ledger.finished.items()
+                         if _is_search_member(m))
+
+    def _transfer_trial(self, trial_id: str) -> dict | None:
+        """The next trial of the transfer stages, or ``None`` (waiting for a stage, or all started)."""
+        transfer = self.state.transfer
+        if not transfer.stages:
+            transfer.stages.append(self._search_scores())
+            logger.info("transfer stages after the search: %s", self.transfer.describe(len(transfer.stages[0])))
+            self._advance()
+        if not transfer.waiting:
+            return None
+        rung, group = transfer.rung, transfer.waiting.pop(0)
+        if rung.scale == FULL_SIZE:
+            ((config_id, config),) = group
+            transfer.targets[trial_id] = config_id
+            transfer.started = not transfer.waiting
+            source = {"member": config_id, self.spec.metric: transfer.stages[-1][config_id].mean,
+                      "scores": {str(s): str(v) for s, v in self.transfer.trail(transfer.stages, config_id)}}
+            logger.info("training the full-size target with %s's configuration %s", config_id, config)
+            plan = TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, config)], scale=1, mup=self.scale > 1,
+                             source=source)
+            return {**plan.to_config(), **config}
+        self.state.ledger.add_trial(trial_id, [m for m, _ in group])
+        plan = TrialPlan(TrialKind.SURROGATE, group, rung.scale, mup=True, reports_objective=False)
+        return {**_unset(self.state.space), **plan.to_config()}
+
+    def _advance(self) -> None:
+        """Close the stage in progress once all of it finished, and queue the next (or end the stages)."""
+        transfer = self.state.transfer
+        rung = transfer.rung
+        if rung is not None:
+            if transfer.waiting:
+                return
+            if rung.scale == FULL_SIZE:
+                if len(transfer.target_values) < len(rung.configs):
+                    return
+                transfer.stages.append(scores_of(transfer.target_values.items()))
+            else:
+                finished = self.state.ledger.finished
+                if any(m not in finished for m in transfer.members):
+                    return
+                transfer.stages.append(scores_of((_config_id(m), (finished[m] or {}).get(self.spec.metric))
+                                                 for m in transfer.members))
+        transfer.rung = self.transfer.next_rung(transfer.stages)
+        if transfer.rung is None:
+            self._finish_transfer()
+            return
+        configs = {c: self.state.pool.configs[c] for c in transfer.rung.configs}
+        if transfer.rung.scale == FULL_SIZE:
+            transfer.waiting = [[(c, config)] for c, config in configs.items()]
+            return
+        members = [(_repeat_id(f"{c}@{transfer.rung.scale}", s), config) for c, config in configs.items()
+                   for s in range(transfer.rung.seeds)]
+        transfer.members = [m for m, _ in members]
+        groups: dict = {}
+        for member in members:
+            groups.setdefault(self.spec.group_key(member[1]), []).append(member)
+        size = max(1, self.state.pool.max_fusion)
+        transfer.waiting = [g[i:i + size] for g in groups.values() for i in range(0, len(g), size)]
+        logger.info("width ladder: training %d configurations at S=%d (%d seeds each)", len(configs),
+                    transfer.rung.scale, transfer.rung.seeds)
+
+    def _finish_transfer(self) -> None:
+        transfer = self.state.transfer
+        transfer.started = True
+        logger.info(self.transfer_report())
+        for check in self.transfer.checks(transfer.stages):
+            if check.low:
+                logger.warning("transfer check: the rankings at S=%d and S=%d disagree (Spearman %.2f over %d "
+                               "configurations, below %.2f): the surrogates' choice may not hold at full size; "
+                               "use a smaller scale, seeds=, ladder=True or a larger top_k", check.coarse, check.fine,
+                               check.rho, check.configs, self.transfer.min_agreement)
 
     def _forward(self, events) -> None:
-        """Tell the inner searcher what the members did, each under its own id."""
+        """Tell the inner searcher what the search's configurations did, each under the id of the member it
+        drew: the first seed's intermediate results, and once all its seeds finished, the final result with the
+        objective averaged over them (ladder members are not the inner searcher's)."""
+        finished = self.state.ledger.finished
         for event in events:
+            member, config = event.member, _config_id(event.member)
+            if not _is_search_member(member):
+                continue
             if event.kind is EventKind.RESULT:
-                self.inner.on_trial_result(event.member, event.result)
-            elif event.result and event.result.get("stopped") is True and _prunes(self.inner):
-                self.inner.on_trial_result(event.member, event.result)  # its last value, then no final result:
-                self.inner.on_trial_complete(event.member, result=None)  # Optuna records PRUNED with that value
+                if member == config:
+                    self.inner.on_trial_result(member, event.result)
+                continue
+            repeats = [_repeat_id(config, s) for s in range(self.transfer.seeds)]
+            if config in self.state.transfer.forwarded or any(m not in finished for m in repeats):
+                continue  # the last seed to finish completes the configuration
+            self.state.transfer.forwarded.add(config)
+            score = Score.of((finished[m] or {}).get(self.spec.metric) for m in repeats)
+            result = finished[config]
+            if result is not None and score is not None and self.transfer.seeds > 1:
+                result = {**result, self.spec.metric: score.mean}
+            if result and result.get("stopped") is True and _prunes(self.inner):
+                self.inner.on_trial_result(config, result)  # its last value, then no final result:
+                self.inner.on_trial_complete(config, result=None)  # Optuna records PRUNED with that value
             else:
-                self.inner.on_trial_complete(event.member, result=event.result, error=event.error)
+                self.inner.on_trial_complete(config, result=result, error=config in self.state.ledger.failed)
+
+
+def _repeat_id(member: str, seed: int) -> str:
+    """Member id of seed ``seed`` of ``member``'s configuration (seed 0: the member itself)."""
+    return member if seed == 0 else f"{member}#{seed}"
+
+
+def _config_id(member: str) -> str:
+    """The search member whose configuration ``member`` trains."""
+    return member.split("#")[0].split("@")[0]
+
+
+def _is_search_member(member: str) -> bool:
+    """Whether ``member`` trains at the search's scale (not a ladder member)."""
+    return "@" not in member
 
 
 def _prunes(searcher: Searcher) -> bool:

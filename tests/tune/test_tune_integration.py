@@ -82,7 +82,7 @@ def test_tune_run_with_random_search_and_no_target(ray_cluster, tmp_path):
 @pytest.mark.skipif(not hasattr(hydro, "shrink"), reason="needs the Model Shrinker (hydro.shrink)")
 def test_shrunk_members_transfer_to_a_mup_target(ray_cluster, tmp_path):
     workload = spec(epochs=2, model=lambda config: MLP((64, 64, 64, 10)))
-    searcher = HydroSearcher(workload, num_samples=4, fusion=4, scale=8, seed=0)
+    searcher = HydroSearcher(workload, num_samples=4, fusion=4, scale=8, seed=0, ladder=False, top_k=1)
     results = tuner(workload, searcher, tmp_path, "shrunk").fit()
     assert not results.errors
     plans = {r.metrics["hydro_kind"]: r.config["hydro"] for r in results}

@@ -1,0 +1,336 @@
+"""Transfer fidelity: is the configuration Hydro returns as good at full size as a full-size search's best?
+
+Per workload, N configurations are drawn once (seeded random search) and tuned
+  * stock: every configuration trained at full size as written (standard parametrization, unfused);
+  * Hydro S=4 / S=8: all N as µP surrogates of width ÷ S in one fused trial, then the best one's configuration
+    trained at full size in µP (the target, as ``HydroSearcher``'s target trial trains it);
+  * Hydro S=8 with the remedies of ``schedulers.transfer.TransferPolicy`` (seed repeats, width ladder, top-k
+    full-size targets), driven by the policy's own decisions.
+Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
+stock's top configuration, the noise), the returned configuration's own stock score against stock's best
+("config": the choice, without the target training's noise), Spearman rank correlation of the surrogates' scores (S=4, S=8) with the
+full-size ones over the N configurations, the transfer check of the remedies, and time. Training runs in
+this process with ``hydro.trial.FusedTrial`` (no Ray: the same unit Ray trials run, without scheduling
+overheads), one torch thread, one training at a time. Time is the process CPU time of the trainings: with
+one thread it is the wall time of an idle machine, and a shared machine's load does not inflate it. Writes
+``transfer_fidelity.json`` and ``transfer_fidelity.png`` to ``--out``.
+
+    python -m benchmarks.transfer_fidelity [--workloads mlp,resmlp,cnn,lm] [--samples 16] [--quick]
+                                           [--variants "S=4,S=8"] [--reuse]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from ray import tune
+from torch import Tensor, nn
+
+from hydro.examples.models import CharTransformerLM
+from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
+from hydro.trial.spec import Batch, TuneSpec, accuracy
+from hydro.trial.unit import FusedTrial
+from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
+from hydro.tune.random_search import RandomSearch
+from schedulers.transfer import Score, TransferPolicy, scores_of, spearman
+
+NOISE_SEEDS = (1, 2)  # extra full-size seeds of stock's top configuration
+
+
+# --- workloads ------------------------------------------------------------------------------------------------
+
+class ResidualMLP(nn.Module):
+    """Pre-LN residual MLP ``[N, features] -> [N, classes]``: input projection, ``blocks`` of
+    ``x + W2 gelu(W1 LayerNorm(x))`` (hidden 2x width), final LayerNorm and readout."""
+
+    def __init__(self, features: int, width: int, classes: int, blocks: int = 2) -> None:
+        super().__init__()
+        self.inp = nn.Linear(features, width)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(blocks))
+        self.ups = nn.ModuleList(nn.Linear(width, 2 * width) for _ in range(blocks))
+        self.downs = nn.ModuleList(nn.Linear(2 * width, width) for _ in range(blocks))
+        self.final = nn.LayerNorm(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.inp(x)
+        for norm, up, down in zip(self.norms, self.ups, self.downs):
+            h = h + down(nn.functional.gelu(up(norm(h))))
+        return self.head(self.final(h))
+
+
+def synthetic_tabular(train: int = 1500, val: int = 3000, features: int = 32, classes: int = 10) -> tuple[Batch, Batch]:
+    """A 10-class task labelled by a random tanh teacher with Gumbel label noise: few training samples for a
+    wide model, so it overfits (features ``[N, 32]`` float, labels ``[N]``)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(train + val, features, generator=g)
+    w1, w2 = torch.randn(features, 64, generator=g) / features ** 0.5, torch.randn(64, classes, generator=g) / 8 ** 0.5
+    logits = torch.tanh(x @ w1) @ w2 * 4
+    noise = -torch.log(-torch.log(torch.rand(logits.shape, generator=g)))
+    y = (logits + noise).argmax(1)
+    return (x[:train], y[:train]), (x[train:], y[train:])
+
+
+def _residual_mlp(width: int, config) -> nn.Module:
+    return ResidualMLP(32, width, 10)
+
+
+def _adamw_beta1(params, config) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=config["lr"], weight_decay=config["weight_decay"],
+                             betas=(config["beta1"], 0.999))
+
+
+def residual_mlp(epochs: int, width: int) -> tuple[TuneSpec, dict]:
+    spec = TuneSpec(model=functools.partial(_residual_mlp, width), data=synthetic_tabular,
+                    loss=nn.CrossEntropyLoss(), optimizer=_adamw_beta1, metric="val_acc", mode="max",
+                    metrics={"val_acc": accuracy}, epochs=epochs, batch_size=64)
+    return spec, {"lr": tune.loguniform(1e-5, 3e-2), "weight_decay": tune.loguniform(1e-3, 0.3),
+                  "beta1": tune.uniform(0.8, 0.98)}
+
+
+def _char_lm_8_heads(config) -> nn.Module:
+    return CharTransformerLM(vocab_size=128, d_model=64, nhead=8, num_layers=2, dim_feedforward=256, max_len=32)
+
+
+def char_lm_8_heads(epochs: int) -> tuple[TuneSpec, dict]:
+    """``hydro.tune.examples.char_lm`` with 8 heads of dimension 8 (µP keeps the head dimension: S=8 leaves one)."""
+    spec, space = char_lm(epochs)
+    return dataclasses.replace(spec, model=_char_lm_8_heads), space
+
+
+@dataclass
+class Workload:
+    name: str
+    kind: str
+    make: Callable[[bool], tuple[TuneSpec, dict]]
+
+
+WORKLOADS = {w.name: w for w in [
+    Workload("mlp", "SGD MLP 64-512-512-10, digits", lambda q: digits_mlp(epochs=3 if q else 8, hidden=256 if q else 512)),
+    Workload("resmlp", "AdamW pre-LN residual MLP (width 256) on noisy synthetic tabular data, overfitting",
+             lambda q: residual_mlp(epochs=3 if q else 10, width=128 if q else 256)),
+    Workload("cnn", "SGD CNN 64/128 channels with BatchNorm, 8x8 digits", lambda q: digits_cnn(epochs=2 if q else 5)),
+    Workload("lm", "AdamW char Transformer LM (d=64, 8 heads, 2 layers), stdlib source", lambda q: char_lm_8_heads(epochs=1)),
+]}
+
+
+# --- training ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Trainer:
+    """Trains plans of one workload in this process, one at a time; ``seconds``: the CPU time they took."""
+
+    spec: TuneSpec
+    data: tuple[Batch, Batch]
+    seconds: float = 0.0
+
+    def run(self, plan: TrialPlan, spec: TuneSpec | None = None) -> dict[str, float]:
+        """Train ``plan`` for the spec's epochs; the members' final validation metric (member id -> value)."""
+        spec = spec or self.spec
+        start = time.process_time()
+        trial = FusedTrial(spec, plan, self.data)
+        for _ in range(spec.epochs):
+            trial.train_epoch()
+        values = trial.evaluate()[spec.metric].tolist()
+        self.seconds += time.process_time() - start
+        return dict(zip(trial.member_ids, values))
+
+    def surrogates(self, configs: dict[str, dict], scale: int, seeds: int) -> dict[str, Score]:
+        """Each configuration ``seeds`` times (members ``<id>#<seed>`` differ in their initialisation) in one
+        fused trial of µP surrogates at ``scale``; their scores."""
+        members = [(f"{c}#{s}", configs[c]) for c in configs for s in range(seeds)]
+        values = self.run(TrialPlan(TrialKind.SURROGATE, members, scale, mup=True))
+        return scores_of((m.split("#")[0], v) for m, v in values.items())
+
+    def target(self, config: dict, mup: bool) -> float:
+        """``config`` at full size as Hydro's target trains it."""
+        return self.run(TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, config)], mup=mup))[TARGET_MEMBER_ID]
+
+
+def stock(trainer: Trainer, configs: dict[str, dict]) -> dict[str, float]:
+    """Every configuration at full size, as written (a stock Ray Tune trial)."""
+    return {c: trainer.run(TrialPlan(TrialKind.PLAIN, [(c, config)]))[c] for c, config in configs.items()}
+
+
+def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy,
+              targets: dict[str, tuple[float, float]]) -> dict:
+    """Hydro's search at ``policy.scale`` and the stages the policy decides; ``targets`` caches full-size
+    trainings (config id -> (value, seconds)), which are deterministic, across runs."""
+    start = trainer.seconds
+    stages = [trainer.surrogates(configs, policy.scale, policy.seeds)]
+    while (rung := policy.next_rung(stages)) is not None and rung.scale > 1:
+        stages.append(trainer.surrogates({c: configs[c] for c in rung.configs}, rung.scale, rung.seeds))
+    surrogate_seconds = trainer.seconds - start
+    if rung is not None:  # full size
+        for c in rung.configs:
+            if c not in targets:
+                before = trainer.seconds
+                targets[c] = (trainer.target(configs[c], mup=policy.scale > 1), trainer.seconds - before)
+        stages.append({c: Score(targets[c][0], 0.0, 1) for c in rung.configs})
+    target_seconds = sum(targets[c][1] for c in rung.configs) if rung is not None else 0.0
+    returned = policy.returned(stages)
+    return {"seconds": surrogate_seconds + target_seconds, "target_seconds": target_seconds, "returned": returned,
+            "target": stages[-1][returned].mean, "cost_up_front": policy.describe(len(configs)),
+            "trail": [(s, vars(score)) for s, score in policy.trail(stages, returned)],
+            "checks": [vars(c) for c in policy.checks(stages)],
+            "search_scores": {c: s.mean for c, s in stages[0].items()}}
+
+
+# --- the benchmark ----------------------------------------------------------------------------------------------
+
+PLAIN = {"ladder": False, "top_k": 1, "seeds": 1}  # the best surrogate's configuration alone, one seed
+VARIANTS = {name: {**PLAIN, **options} for name, options in {
+    "S=4": {"scale": 4},
+    "S=8": {"scale": 8},
+    "S=8 seeds=3": {"scale": 8, "seeds": 3},
+    "S=8 ladder": {"scale": 8, "ladder": True},  # TransferPolicy's default
+    "S=8 top-3": {"scale": 8, "top_k": 3},
+    "S=8 ladder+seeds=2+top-2": {"scale": 8, "ladder": True, "seeds": 2, "top_k": 2},
+    "S=8 ladder+top-2": {"scale": 8, "ladder": True, "top_k": 2},
+    "S=4 ladder+top-2": {"scale": 4, "ladder": True, "top_k": 2},
+    "S=4 seeds=3": {"scale": 4, "seeds": 3},
+    "S=4 ladder": {"scale": 4, "ladder": True},  # TransferPolicy's default
+    "S=4 top-3": {"scale": 4, "top_k": 3},
+    "S=4 ladder+seeds=2+top-2": {"scale": 4, "ladder": True, "seeds": 2, "top_k": 2},
+}.items()}
+
+
+def shortfall(spec: TuneSpec, value: float, reference: float) -> float:
+    """How much worse ``value`` is than ``reference`` (positive: worse): absolute for accuracy-like metrics
+    (``mode="max"``), relative for losses."""
+    return reference - value if spec.mode == "max" else (value - reference) / abs(reference)
+
+
+def measure(workload: Workload, samples: int, variants: list[str], quick: bool, seed: int,
+            previous: dict | None) -> dict:
+    """Stock and the ``variants`` on one workload; ``previous``: this workload's result of an earlier run, whose
+    stock trainings (and other variants) are reused when it drew the same configurations (they are
+    deterministic)."""
+    spec, space = workload.make(quick)
+    drawn = RandomSearch(space, seed=seed)
+    configs = {f"c{i:02d}": drawn.suggest(str(i)) for i in range(samples)}
+    trainer = Trainer(spec, spec.load_data())
+    if previous is not None and previous["configs"] == configs:
+        full, stock_seconds, top = previous["stock"]["scores"], previous["stock"]["seconds"], previous["stock"]["best"]
+        noise_score, runs = Score(**previous["stock"]["best_seeds"]), dict(previous["runs"])
+    else:
+        full = stock(trainer, configs)
+        stock_seconds = trainer.seconds
+        sign = -1 if spec.mode == "max" else 1
+        top = min(full, key=lambda c: sign * full[c])
+        noise_score = Score.of([full[top]] + [trainer.run(TrialPlan(TrialKind.PLAIN, [(top, configs[top])]),
+                                                          dataclasses.replace(spec, seed=s))[top] for s in NOISE_SEEDS])
+        runs = {}
+    print(f"[{workload.name}] stock: {stock_seconds:.0f} s, best {top} {full[top]:.4f}; its seeds {noise_score}",
+          flush=True)
+    targets = {}
+    for name in variants:
+        policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, **VARIANTS[name])
+        run = hydro_run(trainer, configs, policy, targets)
+        run["speedup"] = stock_seconds / run["seconds"]
+        run["shortfall"] = shortfall(spec, run["target"], full[top])
+        common = list(configs)
+        run["spearman_search_vs_full"] = spearman([run["search_scores"][c] for c in common], [full[c] for c in common])
+        run["low_check"] = any(c["low"] for c in run["checks"])
+        runs[name] = run
+        print(f"[{workload.name}] {name}: {run['seconds']:.0f} s ({run['speedup']:.1f}x), target {run['target']:.4f} "
+              f"({run['returned']}), shortfall {run['shortfall']:+.4f}, Spearman {run['spearman_search_vs_full']:.2f}",
+              flush=True)
+    for run in runs.values():  # the returned configuration as stock trained it: the choice, without target noise
+        run["config_shortfall"] = shortfall(spec, full[run["returned"]], full[top])
+    return {"kind": workload.kind, "metric": spec.metric, "mode": spec.mode, "epochs": spec.epochs,
+            "configs": configs, "stock": {"seconds": stock_seconds, "scores": full, "best": top,
+                                          "best_value": full[top], "best_seeds": vars(noise_score)},
+            "runs": runs}
+
+
+def report(results: dict) -> None:
+    print(f"\n{results['samples']} configurations per workload; in-process, 1 torch thread, trainings one at a "
+          f"time; load average {results['load_start']:.1f} at the start, {results['load_end']:.1f} at the end "
+          f"({results['cpus']} CPUs)")
+    for name, res in results["workloads"].items():
+        stock_res = res["stock"]
+        noise = stock_res["best_seeds"]
+        print(f"\n[{name}] {res['kind']}; {res['metric']} ({res['mode']}), {res['epochs']} epochs")
+        print(f"  stock: {stock_res['seconds']:.0f} s, best {stock_res['best_value']:.4f}; its config over "
+              f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}")
+        print(f"  {'variant':<26} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
+              f"{'Spearman':>8} {'checks (rho)':>14}  trail (scale: score)")
+        for variant, run in res["runs"].items():
+            checks = ",".join(f"{c['rho']:.2f}" for c in run["checks"] if c["configs"] >= 3) or "-"
+            trail = " -> ".join(f"{s}: {v['mean']:.4f}" for s, v in run["trail"])
+            print(f"  {variant:<26} {run['seconds']:7.0f} {run['speedup']:7.1f}x {run['target']:8.4f} "
+                  f"{run['shortfall']:+9.4f} {run['config_shortfall']:+7.4f} {run['spearman_search_vs_full']:8.2f} {checks:>14}  {trail}")
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    markers = "os^vDP*Xhp<>"
+    variants = list(VARIANTS)
+    for name, res in results["workloads"].items():
+        line = None
+        for variant, run in res["runs"].items():
+            marker = markers[variants.index(variant) % len(markers)]
+            points = ax.scatter(run["speedup"], 100 * run["shortfall"], marker=marker,
+                                color=line.get_facecolor() if line is not None else None,
+                                label=f"{name}: {variant}")
+            line = line or points
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.axhline(0.0, color="black", linewidth=0.5)
+    ax.set_xlabel("speed-up over stock full-size search (CPU time, 1 thread)")
+    ax.set_ylabel("target shortfall vs stock's best (points, or % of loss)")
+    ax.set_title("Transfer fidelity: Hydro's returned configuration at full size")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default="mlp,resmlp,cnn,lm", help=f"comma-separated subset of {list(WORKLOADS)}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
+    parser.add_argument("--samples", type=int, default=16, help="configurations per workload")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smaller models, fewer epochs")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse the stock trainings and other variants of the JSON this run would write")
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS] + [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown variants/workloads {unknown}; choose from {list(VARIANTS)} and {list(WORKLOADS)}")
+    torch.set_num_threads(1)
+    results = {"samples": args.samples, "seed": args.seed, "quick": args.quick, "cpus": os.cpu_count(),
+               "load_start": os.getloadavg()[0], "machine": platform.machine(), "torch": torch.__version__,
+               "workloads": {}}
+    stem = "transfer_fidelity" + ("_" + args.workloads.replace(",", "_") if args.workloads != parser.get_default("workloads") else "")
+    earlier = json.loads((args.out / f"{stem}.json").read_text()) if args.reuse else {}
+    if earlier and (earlier["samples"], earlier["seed"], earlier["quick"]) != (args.samples, args.seed, args.quick):
+        parser.error(f"--reuse: {args.out / f'{stem}.json'} was measured with other --samples/--seed/--quick")
+    for name in args.workloads.split(","):
+        results["workloads"][name] = measure(WORKLOADS[name], args.samples, variants, args.quick, args.seed,
+                                             earlier.get("workloads", {}).get(name))
+    results["load_end"] = os.getloadavg()[0]
+    report(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    plot(results, args.out / f"{stem}.png")
+    print(f"\nwrote {args.out / f'{stem}.json'} and {args.out / f'{stem}.png'}")
+
+
+if __name__ == "__main__":
+    main()

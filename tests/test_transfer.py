@@ -1,0 +1,107 @@
+"""TransferPolicy (pure): seed repeats, width ladder, top-k targets, transfer check."""
+import math
+
+import pytest
+from scipy.stats import spearmanr
+
+from schedulers.transfer import Score, TransferPolicy, scores_of, spearman
+
+
+def policy(**kwargs):
+    return TransferPolicy(**{"fraction": 1.0, "num_samples": 24, "metric": "acc", "mode": "max", **kwargs})
+
+
+def run_stages(p, search, quality):
+    """Drive ``p`` from the search's scores, scoring a config at each scale with ``quality(config, scale)``;
+    returns the rungs trained and the scores of every stage."""
+    stages, rungs = [search], []
+    while (rung := p.next_rung(stages)) is not None:
+        rungs.append(rung)
+        stages.append(scores_of((c, quality(c, rung.scale)) for c in rung.configs for _ in range(rung.seeds)))
+    return rungs, stages
+
+
+def test_seed_repeats_are_reported_with_their_spread():
+    scores = scores_of([("a", 0.80), ("b", 0.70), ("a", 0.84), ("a", 0.82), ("b", math.nan), ("c", math.inf)])
+    assert list(scores) == ["a", "b"]  # c has no finite value
+    assert scores["a"].mean == pytest.approx(0.82) and scores["a"].count == 3
+    assert scores["a"].spread == pytest.approx(0.02)  # sample standard deviation
+    assert scores["b"] == Score(0.70, 0.0, 1)
+    assert str(scores["a"]) == "0.82 ± 0.02 (n=3)" and str(scores["b"]) == "0.7"
+
+
+def test_width_ladder_promotes_the_best_members_and_ends_at_full_size():
+    p = policy(scale=8, ladder=True, eta=3, top_k=2, seeds=2)
+    search = scores_of((f"c{i:02d}", i / 100) for i in range(24))  # c23 best at S=8
+
+    def quality(config, scale):  # at S=4 and below the ranking reverses among what is left
+        return -int(config[1:]) / 100 if scale < 8 else int(config[1:]) / 100
+
+    rungs, stages = run_stages(p, search, quality)
+    assert [(r.scale, len(r.configs), r.seeds) for r in rungs] == [(4, 8, 2), (2, 3, 2), (1, 2, 1)]
+    assert rungs[0].configs == [f"c{i}" for i in range(23, 15, -1)]  # the top 8 of S=8, best first
+    assert rungs[1].configs == ["c16", "c17", "c18"]  # the top 3 at S=4 (ranking reversed)
+    assert rungs[2].configs == ["c16", "c17"]
+    assert p.next_rung(stages) is None and p.returned(stages) == "c16"
+    assert [(s, score.mean) for s, score in p.trail(stages, "c16")] == [(8, 0.16), (4, -0.16), (2, -0.16), (1, -0.16)]
+    assert stages[1]["c16"].count == 2  # seed repeats at surrogate scales, one run at full size
+    assert stages[3]["c16"].count == 1
+    assert p.cost(24) == pytest.approx(8 * 2 / 16 + 3 * 2 / 4 + 2)
+    assert p.describe(24) == "8×2 seeds at S=4, 3×2 seeds at S=2, 2 at full size: about 4.50 full-size trainings " \
+                             "(compute ∝ width²)"
+
+
+def test_top_k_without_ladder_returns_the_best_at_full_size():
+    p = policy(scale=4, ladder=False, top_k=3, mode="min")
+    search = {"a": Score(1.0, 0, 1), "b": Score(0.5, 0, 1), "c": Score(0.7, 0, 1), "d": Score(0.9, 0, 1)}
+    rungs, stages = run_stages(p, search, lambda c, s: {"a": 0.1, "b": 0.9, "c": 0.3, "d": 0.2}[c])
+    assert [(r.scale, r.configs) for r in rungs] == [(1, ["b", "c", "d"])]
+    assert p.returned(stages) == "d"  # third at S=4, best on full-size validation
+
+
+def test_ladder_stops_at_the_number_of_scored_configs_and_keeps_top_k():
+    p = policy(scale=16, ladder=True, eta=2, top_k=4)
+    assert p.scales() == [16, 8, 4, 2, 1]
+    assert p.schedule(5) == [(8, 4, 1), (4, 4, 1), (2, 4, 1), (1, 4, 1)]
+    assert policy(scale=1, ladder=True).scales() == [1, 1]  # unshrunk search: the target is a full-size re-run
+    assert policy(scale=1, top_k=3).schedule(5) == [(1, 1, 1)]  # of its best configuration alone
+
+
+def test_defaults_are_the_ladder_and_one_target():
+    p = policy(scale=8)
+    assert p.schedule(16) == [(4, 6, 1), (2, 2, 1), (1, 1, 1)]
+
+
+def test_transfer_check_warns_when_rankings_disagree():
+    p = policy(scale=4, ladder=False, top_k=5, min_agreement=0.5)
+    search = scores_of((c, v) for c, v in zip("abcde", [5, 4, 3, 2, 1]))
+    agree = [search, scores_of((c, v) for c, v in zip("abcde", [0.9, 0.8, 0.85, 0.5, 0.1]))]
+    disagree = [search, scores_of((c, v) for c, v in zip("abcde", [1, 2, 3, 4, 5]))]
+    (check,) = p.checks(agree)
+    assert (check.coarse, check.fine, check.configs, check.low) == (4, 1, 5, False)
+    assert check.rho == pytest.approx(0.9)
+    assert p.checks(disagree)[0].low and p.checks(disagree)[0].rho == pytest.approx(-1.0)
+    two = [search, scores_of([("a", 1.0), ("b", 2.0)])]
+    assert math.isnan(p.checks(two)[0].rho) and not p.checks(two)[0].low  # too few to judge
+
+
+def test_spearman_matches_scipy_with_ties():
+    a, b = [0.3, 0.1, 0.1, 0.9, 0.5, 0.5], [1.0, 2.0, 2.0, 5.0, 3.0, 4.0]
+    assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic)
+    assert math.isnan(spearman([1.0], [2.0])) and math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_due_and_best_skip_members_without_a_finite_result():
+    p = policy(num_samples=4, fraction=0.5)
+    assert not p.due({"m0": {"acc": math.nan}, "m1": None}, nothing_left=False)
+    assert p.due({"m0": {"acc": math.nan}, "m1": {"acc": 0.5}}, nothing_left=False)
+    assert p.best({"m0": {"acc": 0.5}, "m1": {"acc": 0.7}, "m2": {"acc": 0.7}}) == "m1"
+    assert not policy(fraction=None).due({"m0": {"acc": 1.0}}, nothing_left=True)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"fraction": 0}, "transfer_fraction"), ({"top_k": 0}, "top_k"),
+                                             ({"seeds": 0}, "seeds"), ({"eta": 1}, "eta"),
+                                             ({"mode": "up"}, "mode")])
+def test_bad_settings_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        policy(**kwargs)

@@ -1,0 +1,124 @@
+"""HydroSearcher's transfer stages: seed repeats, width ladder and top-k targets, without a cluster (scripted
+results) and once on a local Ray cluster."""
+import logging
+import math
+
+import pytest
+from ray import tune
+from ray.tune.search import Searcher
+
+from hydro.examples.models import MLP
+from hydro.trial.plan import TrialKind, plan_of
+from hydro.tune import HydroSearcher, best_configuration, member_table, trainable
+from tests.tune.test_searcher import Scripted, member_result
+from tests.tune.workload import SPACE, spec
+
+
+def finish(s, trial_id, plan, acc):
+    """Report every member of ``plan`` for 2 epochs with ``acc(member)`` and complete the trial."""
+    ids = [m for m, _ in plan.members]
+    values = {m: acc(m) for m in ids}
+    s.on_trial_result(trial_id, member_result(ids, 1, values))
+    s.on_trial_complete(trial_id, member_result(ids, 2, values, done=True))
+
+
+def test_seeds_ladder_and_top_k_targets(caplog):
+    configs = [{"lr": 0.01 * (i + 1), "momentum": 0.0} for i in range(6)]
+    inner = Scripted(configs)
+    s = HydroSearcher(spec(), inner, num_samples=6, scale=8, fusion=4, ladder=True, eta=2, top_k=2, seeds=2)
+    s.set_search_properties("val_acc", "max", {})
+    # S=8: config i scores i/10 (seed 1: + 0.02); at S=4 and S=2 the order of what is left reverses.
+    quality = {8: lambda i: i / 10, 4: lambda i: 1 - i / 10, 2: lambda i: 1 - i / 10}
+
+    def acc(member, scale):
+        index = int(member.split("#")[0].split("@")[0][1:])
+        return quality[scale](index) + (0.02 if "#" in member else 0.0)
+
+    trials = {}
+    while (config := s.suggest(f"t{len(trials)}")) not in (None, Searcher.FINISHED):
+        trials[f"t{len(trials)}"] = plan_of(config)
+    assert [sorted(m for m, _ in p.members) for p in trials.values()] == \
+        [["m00000", "m00000#1", "m00001", "m00001#1"], ["m00002", "m00002#1", "m00003", "m00003#1"],
+         ["m00004", "m00004#1", "m00005", "m00005#1"]]  # 4 members per trial: 2 configurations x 2 seeds
+    for t, plan in trials.items():
+        finish(s, t, plan, lambda m: acc(m, 8))
+    # The inner searcher heard each configuration once, under its own id, with the mean of its seeds.
+    assert sorted(inner.completed) == [(f"m{i:05d}", pytest.approx(i / 10 + 0.01), False) for i in range(6)]
+    assert "m00000#1" not in {m for m, _ in inner.results}
+
+    with caplog.at_level(logging.INFO, logger="hydro.tune.searcher"):
+        rung4 = plan_of(s.suggest("r4"))
+        assert s.suggest("wait") is None  # the next stage waits for this one
+        assert (rung4.scale, rung4.mup, rung4.reports_objective) == (4, True, False)
+        assert [m for m, _ in rung4.members] == ["m00005@4", "m00005@4#1", "m00004@4", "m00004@4#1",
+                                                 "m00003@4", "m00003@4#1"]  # the best half of S=8, 2 seeds
+        finish(s, "r4", rung4, lambda m: acc(m, 4))
+        rung2 = plan_of(s.suggest("r2"))
+        assert rung2.scale == 2 and [m for m, _ in rung2.members] == ["m00003@2", "m00003@2#1", "m00004@2",
+                                                                      "m00004@2#1"]
+        finish(s, "r2", rung2, lambda m: acc(m, 2))
+        targets = [plan_of(s.suggest("a")), plan_of(s.suggest("b"))]
+        assert s.suggest("after") == Searcher.FINISHED  # every trial of the stages started
+        assert [(p.kind, p.scale, p.mup, p.source["member"]) for p in targets] == \
+            [(TrialKind.TARGET, 1, True, "m00003"), (TrialKind.TARGET, 1, True, "m00004")]
+        assert targets[0].members[0][1] == configs[3]
+        assert targets[0].source["scores"] == {"8": "0.31 ± 0.014 (n=2)", "4": "0.71 ± 0.014 (n=2)",
+                                               "2": "0.71 ± 0.014 (n=2)"}
+        s.on_trial_complete("a", {"val_acc": 0.5})
+        s.on_trial_complete("b", {"val_acc": 0.6})  # the second best at S=2 wins at full size
+    assert inner.completed[-1][0] == "m00005" and len(inner.completed) == 6  # ladder members are not its trials
+    report = s.transfer_report()
+    assert report.startswith("val_acc of the returned configuration m00004 at each scale: S=8: 0.41 ± 0.014 (n=2), "
+                             "S=4: 0.61 ± 0.014 (n=2), S=2: 0.61 ± 0.014 (n=2), full size: 0.6")
+    assert "S=8 vs S=4 over 3 configurations: rho -1.00 (LOW)" in report
+    assert report in caplog.text and "transfer check: the rankings at S=8 and S=4 disagree" in caplog.text
+    assert "2×2 seeds at S=2, 2 at full size: about" in caplog.text  # the cost, shown before the stages
+
+
+def test_failed_target_and_restore_mid_ladder(tmp_path):
+    s = HydroSearcher(spec(), num_samples=4, scale=4, fusion=4, ladder=True, eta=2, top_k=1, seed=0)
+    s.set_search_properties("val_acc", "max", SPACE)
+    plan = plan_of(s.suggest("t0"))
+    finish(s, "t0", plan, lambda m: int(m[1:]) / 10)
+    rung = plan_of(s.suggest("r2"))
+    assert rung.scale == 2 and [m for m, _ in rung.members] == ["m00003@2", "m00002@2"]
+    s.save(str(tmp_path / "searcher.pkl"))
+    restored = HydroSearcher(spec(), num_samples=4, scale=4, fusion=4, ladder=True, eta=2, top_k=1)
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    finish(restored, "r2", rung, lambda m: 0.9 if m.startswith("m00002") else 0.8)
+    target = plan_of(restored.suggest("target"))
+    assert target.source["member"] == "m00002"
+    restored.on_trial_complete("target", None, error=True)  # failed before reporting
+    assert restored.suggest("after") == Searcher.FINISHED
+    assert restored.transfer_report().startswith("val_acc of the returned configuration m00002 at each scale: "
+                                                 "S=4: 0.2, S=2: 0.9")
+
+
+def test_bad_transfer_settings_are_rejected_before_the_run():
+    with pytest.raises(ValueError, match="top_k must be an int >= 1"):
+        HydroSearcher(spec(), num_samples=4, top_k=0)
+
+
+def test_ladder_seeds_and_top_k_on_a_local_cluster(ray_cluster, tmp_path):
+    workload = spec(epochs=2, model=lambda config: MLP((64, 64, 64, 10)))
+    searcher = HydroSearcher(workload, num_samples=4, fusion=8, scale=4, seed=0, ladder=True, eta=2, top_k=2,
+                             seeds=2)
+    results = tune.Tuner(
+        trainable(workload), param_space=SPACE,
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, metric="val_acc", mode="max",
+                                    reuse_actors=True),
+        run_config=tune.RunConfig(name="ladder", storage_path=str(tmp_path), verbose=0)).fit()
+    assert not results.errors
+    table = member_table(results, workload)
+    scales = sorted((r.config["hydro"].kind, r.config["hydro"].scale, len(r.config["hydro"].members))
+                    for r in results)
+    # the search (4 configurations x 2 seeds at S=4), the ladder's S=2 (top 2 x 2 seeds), 2 full-size targets
+    assert scales == [("surrogate", 2, 4), ("surrogate", 4, 8), ("target", 1, 1), ("target", 1, 1)]
+    assert len(table) == 8 + 4 + 2 and table["val_acc"].notna().all()
+    best = best_configuration(results, workload)
+    targets = table[table["kind"] == "target"]
+    assert best["kind"] == "target" and best["value"] == pytest.approx(targets["val_acc"].max())
+    assert set(best["source"]["scores"]) == {"4", "2"}
+    report = searcher.transfer_report()
+    assert f"full size: {best['value']:.4g}" in report and "S=4: " in report and "S=2: " in report
+    assert math.isfinite(best["value"])
