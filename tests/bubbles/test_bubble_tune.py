@@ -16,7 +16,7 @@ from hydro.trial.unit import FusedTrial
 from hydro.tune.bubble_service import placement_service
 from hydro.tune.fill_trainable import STATE_FILE
 from hydro.tune.pipeline_job import PipelineJob, start_dedicated_hosts
-from hydro.tune.run import fit
+from hydro.tune.run import TuningFailed, fit
 from tests.bubbles.workload import same_members, spec
 from tests.tune.workload import SPACE
 
@@ -153,12 +153,12 @@ def _epochs_done(run: Path) -> int:
 def test_a_failing_fill_fails_its_tune_trial_with_the_real_cause(service, tmp_path):
     job = RunningJob(service, "faulty")
     try:
-        results, _ = fit(spec(epochs=EPOCHS, fault="raise", at=12), SPACE, num_samples=2, fusion=2,
-                         transfer_fraction=None, storage_path=str(tmp_path), name="faulty", verbose=0, max_failures=0,
-                         bubbles=True)
+        with pytest.raises(TuningFailed, match="ZeroDivisionError: fault injected") as failed:  # every member failed
+            fit(spec(epochs=EPOCHS, fault="raise", at=12), SPACE, num_samples=2, fusion=2, transfer_fraction=None,
+                storage_path=str(tmp_path), name="faulty", verbose=0, max_failures=0, bubbles=True)
     finally:
         job.end()
-    (result,) = results
+    (result,) = failed.value.results
     assert result.error is not None and "ZeroDivisionError: fault injected" in str(result.error)
     assert job.iterations > 0 and all(s["trial"] is None for s in ray.get(service.slots.remote()))
 
