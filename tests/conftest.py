@@ -14,3 +14,11 @@ def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def workload_file(tmp_path):
+    """A user's workload file that imports a module beside it (see ``tests/tune/user_project.py``)."""
+    from tests.tune.user_project import write_project
+
+    return write_project(tmp_path / "project")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from hydro.trial.data import Batch, DataSource, as_source
+from hydro.trial.data import DataSource, as_source
 from hydro.trial.precision import Precision
 
 MetricFn = Callable[[Tensor, Tensor], Tensor]

@@ -9,7 +9,6 @@ import pytest
 import ray
 
 from hydro.cli import main
-from tests.tune.test_tune_cli import workload_file  # noqa: F401 (a fixture)
 
 
 def test_energy_without_a_measurable_device_is_refused_before_ray_starts(workload_file, tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tune.test_tune_cli import USER_NET, WORKLOAD
+from tests.tune.user_project import write_project
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
@@ -74,10 +74,7 @@ def test_ray_job_submit_and_address_with_token_authentication(tmp_path):
     # What an earlier local run leaves behind: a token. `ray start` then turns token authentication on.
     subprocess.run([str(RAY), "get-auth-token", "--generate"], env=env, capture_output=True, check=True, timeout=60)
     assert (home / ".ray" / "auth_token").exists()
-    project = tmp_path / "project"  # a user's folder: the workload imports a module beside it
-    project.mkdir()
-    (project / "user_net.py").write_text(USER_NET)
-    (project / "my_workload.py").write_text(WORKLOAD)
+    project = write_project(tmp_path / "project").parent  # a user's folder: the workload imports a module beside it
     head = subprocess.Popen(
         [str(RAY), "start", "--head", "--block", "--num-cpus", "2", "--include-dashboard=true",
          "--dashboard-host", "127.0.0.1", "--port", str(gcs), "--dashboard-port", str(dashboard),
