@@ -36,7 +36,7 @@ from .fit import members_that_fit
 from .gate import BubbleGate, FillAborted
 from .layer_gate import LayerGate
 
-_STEPS, _COMPUTE_S, _UNIT_STARTED = range(3)
+_STEPS, _COMPUTE_S, _UNIT_STARTED, _RAISED = range(4)  # slots of the progress array the child writes
 START_TIMEOUT_S = 300.0  # loading the data, measuring what fits and fusing
 ANSWER_TIMEOUT_S = 30.0
 UNIT_TIMEOUT_S = 120.0
@@ -80,7 +80,7 @@ class FillProcess:
                              "continue)")
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        self._progress = context.RawArray("d", 3)
+        self._progress = context.RawArray("d", 4)
         self._lock = threading.Lock()  # one request/answer on the pipe at a time
         self.gate, self.answer_timeout_s, self.unit_timeout_s = gate, answer_timeout_s, unit_timeout_s
         self.failure: str | None = None
@@ -103,11 +103,24 @@ class FillProcess:
         return self._progress[_COMPUTE_S]
 
     def check(self) -> None:
-        """Raise :class:`FillFailed` if the child has died or hangs in a unit (without asking it)."""
+        """Raise :class:`FillFailed` if the child has died, hangs in a unit or its training raised (the watchdog:
+        it never waits for a request in flight, which reports any failure itself)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._check()
+        finally:
+            self._lock.release()
+
+    def _check(self) -> None:
+        """:meth:`check` with ``_lock`` held."""
         if self.failure is not None:
             raise FillFailed(self.failure)
         if not self._process.is_alive():
             self._fail(self._exit_cause())
+        if self._progress[_RAISED]:  # the child answers any request with the error and its traceback
+            self._send("poll")
+            self._answer(self.answer_timeout_s)
         started = self._progress[_UNIT_STARTED]
         if started and time.monotonic() - started > self.unit_timeout_s:
             self._fail(f"one unit of work (a layer, the loss or an optimizer step) has run for more than "
@@ -142,12 +155,15 @@ class FillProcess:
 
     def _request(self, command: str, argument=None):
         with self._lock:
-            self.check()
-            try:
-                self._conn.send((command, argument))
-            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
-                self._fail(self._exit_cause())
+            self._check()
+            self._send(command, argument)
             return self._answer(self.answer_timeout_s)
+
+    def _send(self, command: str, argument=None) -> None:
+        try:
+            self._conn.send((command, argument))
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            self._fail(self._exit_cause())
 
     def _answer(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
@@ -209,12 +225,18 @@ class _Runner:
             return
         except RuntimeError as error:  # an abort raised inside a backward hook arrives wrapped
             if not isinstance(error.__cause__, FillAborted) and "FillAborted" not in str(error):
-                self.failure = traceback.format_exc()
+                self._raised()
         except BaseException:  # noqa: BLE001 - reported on the next request
-            self.failure = traceback.format_exc()
+            self._raised()
         finally:
+            self.progress[_UNIT_STARTED] = 0.0  # no unit in flight: an error is not taken for a hang
             with self.changed:
                 self.changed.notify_all()
+
+    def _raised(self) -> None:
+        """Keep the training thread's error for the next request and tell the host's watchdog."""
+        self.failure = traceback.format_exc()
+        self.progress[_RAISED] = 1.0
 
     def _epoch(self) -> bool:
         """Train, evaluate and post one epoch, wait for its decision; ``False`` when the trial is done."""

@@ -83,8 +83,7 @@ class FillHost:
             try:
                 return self.fill.poll()
             except FillFailed as error:
-                self._drop(str(error))
-                return {"failed": self.failure}
+                return self._drop_and_report(str(error))
 
     def fill_decide(self, keep: Sequence[str]) -> dict:
         """Decide the posted epoch result (see :meth:`FillProcess.decide`); ``{"state": ...}`` or
@@ -95,8 +94,7 @@ class FillHost:
             try:
                 return {"state": self.fill.decide(keep)}
             except FillFailed as error:
-                self._drop(str(error))
-                return {"failed": self.failure}
+                return self._drop_and_report(str(error))
 
     def detach_fill(self) -> dict | None:
         """Stop the fill trial at its next layer boundary; returns ``{"state": ...}`` (to continue from) or
@@ -107,9 +105,7 @@ class FillHost:
             try:
                 state = self.fill.stop()
             except FillFailed as error:
-                self._drop(str(error))
-                failure, self.failure = self.failure, None
-                return {"failed": failure}
+                return self._drop_and_report(str(error))
             self.fill = None
             self._set_gate(BubbleGate())
             return {"state": state}
@@ -131,6 +127,12 @@ class FillHost:
         logger.warning("%s: fill trial failed and was detached: %s", self.name, cause)
         self.fill, self.failure = None, cause
         self._set_gate(BubbleGate())
+
+    def _drop_and_report(self, cause: str) -> dict:
+        """Drop the failed fill and report its cause to this caller only: it is not reported again."""
+        self._drop(cause)
+        self.failure = None
+        return {"failed": cause}
 
     def _set_gate(self, gate: BubbleGate) -> None:
         self.gate = gate

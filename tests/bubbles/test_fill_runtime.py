@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from hydro.bubbles import BubbleGate, FillAborted, FillFailed, FillProcess, FillTooLarge, UnitNeverFits, one_f_one_b, \
-    simulate
+from hydro.bubbles import BubbleGate, DedicatedHost, FillAborted, FillFailed, FillProcess, FillTooLarge, SlotMode, \
+    UnitNeverFits, one_f_one_b, simulate
 from hydro.bubbles.schedule import Op, bubble_fraction
 from tests.bubbles.workload import plan, same_members, spec, train_alone, workload
 
@@ -211,3 +211,28 @@ def test_a_fill_that_does_not_fit_at_all_is_refused_and_a_partial_fit_trains_few
     one = member_bytes(tune_spec, plan().members[0][1], 1, False, data)
     assert members_that_fit(tune_spec, plan().members[0][1], 1, False, data, 3, one) == 1  # two need more
     assert members_that_fit(tune_spec, plan().members[0][1], 1, False, data, 3, one * 100) == 3
+
+
+@pytest.mark.parametrize("found_by", ["status", "watchdog"])
+def test_a_failed_fill_is_reported_once_whoever_finds_it_and_the_slot_is_free_again(found_by):
+    """Whether ``fill_status`` or the watchdog (``check_fill``) finds the failure first, the cause is reported
+    exactly once and the host can take the next fill."""
+    host = DedicatedHost("worker", timeouts={"unit_timeout_s": 2})
+    host.attach_fill(workload(spec(fault="raise", at=12)), plan(), SlotMode.DEDICATED, member_ids=MEMBER_IDS)
+    deadline = time.monotonic() + 60
+    status = None
+    while time.monotonic() < deadline:
+        if found_by == "watchdog":
+            host.check_fill()
+            if host.fill is None:
+                status = host.fill_status()
+                break
+        else:
+            status = host.fill_status()
+            if status is not None and "failed" in status:
+                break
+        time.sleep(0.05)
+    assert status == {"failed": status["failed"]} and "ZeroDivisionError: fault injected" in status["failed"]
+    assert host.fill_status() is None  # reported once
+    assert host.attach_fill(workload(spec()), plan(), SlotMode.DEDICATED, member_ids=MEMBER_IDS) == MEMBER_IDS
+    assert host.detach_fill()["state"] is not None
