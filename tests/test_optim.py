@@ -148,6 +148,21 @@ def test_optimizer_state_dict_round_trip_resumes_identically(tmp_path):
     assert torch.equal(fused.weight, twin.weight)
 
 
+def test_a_copied_model_and_optimizer_train_on_identically():
+    """deepcopy of (model, optimizer) keeps the member count and per-member state (torch's Optimizer copies
+    only defaults, state and param_groups)."""
+    fused, _ = _fused_and_refs()
+    opt = Adam(fused.parameters(), lr=[1e-2, 2e-2, 3e-2], betas=([0.9, 0.8, 0.7], 0.99))
+    x = torch.randn(6, 5)
+    opt.zero_grad(); fused(x).pow(2).sum().backward(); opt.step()  # noqa: E702
+    twin, twin_opt = copy.deepcopy((fused, opt))
+    assert twin_opt.num_members == 3
+    for model, o in ((fused, opt), (twin, twin_opt)):
+        for _ in range(3):
+            o.zero_grad(); model(x).pow(2).sum().backward(); o.step()  # noqa: E702
+    assert torch.equal(fused.weight, twin.weight) and torch.equal(fused.bias, twin.bias)
+
+
 def test_bad_hyperparameters_are_refused_clearly():
     fused, _ = _fused_and_refs()
     with pytest.raises(ValueError, match="'lr' needs a scalar or 3 values"):

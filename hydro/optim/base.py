@@ -51,6 +51,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._resolved: dict[int, tuple] = {}
         super().__init__(params, {"lr_mult": 1.0, "wd_mult": 1.0, **defaults})
 
+    def __getstate__(self) -> dict:
+        # torch's Optimizer pickles only defaults, state and param_groups; copies must keep the member count
+        return {**super().__getstate__(), "num_members": self.num_members}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._resolved = {}
+
     def add_param_group(self, param_group: dict) -> None:
         """Add ``param_group``, split by the µP multipliers of its parameters (see ``hydro.shrink``)."""
         params = param_group["params"]
