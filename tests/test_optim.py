@@ -130,6 +130,20 @@ def test_clip_grad_norm_per_member_matches_torch():
         torch.testing.assert_close(fused.bias.grad[i], ref.bias.grad)
 
 
+def test_clip_grad_norm_of_a_plain_model_is_torchs():
+    """Plain (unfused) parameters are one member, as for the optimizers: the same clipping as torch's."""
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    ref = copy.deepcopy(model)
+    x = torch.randn(6, 5)
+    for m in (model, ref):
+        (m(x) ** 2).sum().mul(100.0).backward()
+    norm = clip_grad_norm_(model.parameters(), max_norm=0.5)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+    torch.testing.assert_close(norm, ref_norm.reshape(1))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 def test_optimizer_state_dict_round_trip_resumes_identically(tmp_path):
     fused, _ = _fused_and_refs()
     twin = copy.deepcopy(fused)

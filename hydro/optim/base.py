@@ -28,7 +28,7 @@ def per_member(value, count: int, name: str) -> Tensor:
     return tensor.clone()
 
 
-def _member_count(params: list[Tensor]) -> int:
+def member_count(params: list[Tensor]) -> int:
     """``F``: the leading size shared by every parameter; 1 (one unfused model) when they do not share one."""
     leading = {p.shape[0] if p.dim() else None for p in params}
     return leading.pop() if len(leading) == 1 and None not in leading else 1
@@ -71,7 +71,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _add_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        count = _member_count([p for g in self.param_groups for p in g["params"]])
+        count = member_count([p for g in self.param_groups for p in g["params"]])
         if self.num_members is not None and count != self.num_members:  # plain parameters joined fused-looking ones
             for earlier in self.param_groups[:-1]:
                 self._as_plain(earlier)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from hydro.nn.base import member_view
-from .base import per_member
+from .base import member_count, per_member
 
 
 @torch.no_grad()
@@ -16,15 +16,18 @@ def clip_grad_norm_(parameters: Iterable[Tensor], max_norm, norm_type: float = 2
 
     ``parameters`` are fused ``[F, ...]``; ``max_norm`` is a scalar or ``F`` values. Each member's
     gradients are scaled by ``min(1, max_norm / (norm + 1e-6))`` of its own total norm. Returns the
-    members' total norms ``[F]`` (before clipping).
+    members' total norms ``[F]`` (before clipping). Parameters of a plain model (their leading sizes differ,
+    as for the optimizers) are one member: clipped exactly like ``torch.nn.utils.clip_grad_norm_``, norm ``[1]``.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.zeros(0)
-    per_param = torch.stack([torch.linalg.vector_norm(g.flatten(1), norm_type, dim=1) for g in grads])  # [P, F]
+    members = member_count(grads)
+    per_param = torch.stack([torch.linalg.vector_norm(g.reshape(members, -1), norm_type, dim=1)
+                             for g in grads])  # [P, F]; a plain model: one member
     total = torch.linalg.vector_norm(per_param, norm_type, dim=0)  # [F]
-    limit = per_member(max_norm, total.shape[0], "max_norm").to(total)
+    limit = per_member(max_norm, members, "max_norm").to(total)
     scale = torch.clamp(limit / (total + 1e-6), max=1.0)
     for g in grads:
-        g.mul_(member_view(scale.to(g.dtype), g.dim() - 1))
+        g.mul_(member_view(scale.to(g.dtype), g.dim() - 1) if members > 1 else scale[0].to(g.dtype))
     return total
