@@ -45,7 +45,8 @@ class FixedFusion(FusionPlanner):
 class MeasuredFusion(FusionPlanner):
     """F measured with :func:`hydro.planning.plan_fusion` on ``device`` (default: this process's GPU, else
     CPU): fused training steps of the group's (shrunk) model on one batch of ``data``'s training split, in
-    ``spec.precision``, with ``threads`` torch threads, within ``memory_budget_bytes`` (default: the device's)."""
+    ``spec.precision``, with ``threads`` torch threads, within ``memory_budget_bytes`` (default: the device's).
+    ``data`` is not pickled: a copy loads ``spec.load_data()`` when it next plans."""
 
     def __init__(self, spec: TuneSpec, scale: int, data: tuple[DataSource, DataSource], max_members: int,
                  threads: int, device: torch.device | None = None, memory_budget_bytes: int | None = None) -> None:
@@ -53,7 +54,12 @@ class MeasuredFusion(FusionPlanner):
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.memory_budget_bytes = memory_budget_bytes
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "data": None}  # a copy (e.g. a restored searcher's) loads the data again
+
     def fusion_for(self, key: Hashable, config: Mapping) -> int:
+        if self.data is None:
+            self.data = self.spec.load_data()
         size = self.spec.batch_size_of(config)
         x, y = self.data[0].sample(size)
         template = build_member(self.spec.model, config, self.scale,  # one shrink; plan_fusion only times steps,

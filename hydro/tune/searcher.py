@@ -192,9 +192,9 @@ class HydroSearcher(Searcher):
         self._ensure_service()  # restored trials look the service up as soon as they resume
 
     def __getstate__(self) -> dict:
-        # actor handles belong to one Ray session; the data (and a planner measuring with it) stays with the driver
-        measured = isinstance(self._planner, MeasuredFusion)
-        return {**self.__dict__, "_service": None, "_data": None, "_planner": None if measured else self._planner}
+        # actor handles belong to one Ray session; the data stays with the driver (a fusion planner that measures
+        # leaves its copy behind too and loads it again when it next plans)
+        return {**self.__dict__, "_service": None, "_data": None}
 
     # --- results ---------------------------------------------------------------------------------------
 

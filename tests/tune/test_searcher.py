@@ -1,10 +1,12 @@
 """HydroSearcher without a cluster: grouping, per-member observations, target, save/restore, bad input."""
 import math
+import pickle
 
 import pytest
 from ray.tune.search import Searcher
 
 import hydro.trial.fusion as fusion_module
+from hydro.trial.fusion import PredictedFusion
 from hydro.tune import HydroSearcher, TuneSpec
 from hydro.tune.random_search import RandomSearch
 from hydro.trial.plan import TrialKind, plan_of
@@ -85,6 +87,17 @@ def test_fusion_auto_uses_plan_fusion(monkeypatch):
     s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion="auto")
     plan = plan_of(s.suggest("t0"))
     assert len(chosen) == 1 and len(plan.members) == min(chosen[0], 4)
+
+
+def test_a_copied_searcher_keeps_its_fusion_planner_and_leaves_the_data_behind():
+    """Ray pickles the searcher: a planner the user chose (here one that measures only predicted counts) stays
+    that planner; the data it measured with is not pickled and is loaded again when it next plans."""
+    planner = PredictedFusion(spec(), 1, spec().load_data(), max_members=4, threads=1)
+    s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=planner)
+    copied = pickle.loads(pickle.dumps(s))
+    assert type(copied._planner) is PredictedFusion and copied._planner.data is None and planner.data is not None
+    plan = plan_of(copied.suggest("t0"))
+    assert 1 <= len(plan.members) <= 4 and copied._planner.data is not None
 
 
 def test_save_restore_continues_the_search(tmp_path):
