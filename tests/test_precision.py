@@ -69,6 +69,29 @@ def test_fp16_overflow_in_one_member_skips_only_its_step(kind):
     assert torch.isfinite(injected.evaluate()["val_loss"]).all()
 
 
+def adam(params, config):
+    return torch.optim.Adam(params, lr=config["lr"] / 10, betas=(config["momentum"], 0.999))
+
+
+@pytest.mark.parametrize("overflow_at", [0, 1])
+def test_fp16_skipped_adam_step_counts_for_that_member_only_as_torch_skips_it(overflow_at):
+    """A member whose step is skipped (fp16 overflow, also on the very first step, where torch's GradScaler skips
+    before any optimizer state exists) keeps its Adam step count and moments: fused members then train on like
+    members alone, whose own optimizer did not step at all."""
+    trials = [FusedTrial(spec(precision="fp16", optimizer=adam), TrialPlan(kind, MEMBERS), small_digits())
+              for kind in (TrialKind.SURROGATE, TrialKind.PLAIN)]
+    for step in range(4):
+        for trial in trials:
+            if step == overflow_at:
+                trial.scaler.scale[1] = 2.0 ** 40  # member b's scaled gradients overflow float16
+            if step == overflow_at + 1:
+                trial.scaler.scale[1] = 2.0 ** 15  # and fit again: b steps on from here
+            trial.train_step()
+    fused, alone = (member_weights(t) for t in trials)
+    for f, a in zip(fused, alone):
+        assert relative_gap(f, a) < 1e-5
+
+
 def test_compiled_fused_model_trains_like_the_eager_one():
     eager, compiled = (FusedTrial(spec(compile=c), TrialPlan(TrialKind.SURROGATE, MEMBERS), small_digits())
                        for c in (False, True))

@@ -51,13 +51,15 @@ class Adam(FusedOptimizer):
             grad = -p.grad if group["maximize"] else p.grad
             state = self.state[p]
             if not state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] = torch.zeros(self.num_members, dtype=torch.int64)  # per member: a skipped step
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)  # (fp16 overflow)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)  # counts for none
                 if group["amsgrad"]:
                     state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif not isinstance(state["step"], Tensor) or state["step"].shape != (self.num_members,):
+                state["step"] = torch.full((self.num_members,), int(state["step"]), dtype=torch.int64)  # torch's
             state["step"] += 1
-            step = state["step"]
+            step = state["step"]  # [F] on the CPU, like the hyperparameters
             if isinstance(decay, Tensor) or decay != 0.0:
                 if group["decoupled_weight_decay"]:
                     p.mul_(view(shrink, p))

@@ -127,18 +127,26 @@ class FusedMembers(Members):
             self.optimizer.step()
             return
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        count = len(self.member_ids)
-        held = [*params, *(t for s in self.optimizer.state.values() for t in s.values()
-                           if isinstance(t, Tensor) and t.dim() and t.shape[0] == count)]
-        index = torch.tensor(skipped, device=params[0].device)
-        saved = [t.detach()[index].clone() for t in held]
+        held = [*params, *self._member_state()]
+        index = torch.tensor(skipped)
+        saved = [t.detach()[index.to(t.device)].clone() for t in held]  # per-member step counts live on the CPU
         for p in params:
             if p.grad is not None:
-                p.grad[index] = 0
+                p.grad[index.to(p.device)] = 0
         self.optimizer.step()
         with torch.no_grad():
             for t, kept in zip(held, saved):
-                t[index] = kept
+                t[index.to(t.device)] = kept
+            existing = {id(t) for t in held}
+            for t in self._member_state():  # created by this step (the first): as if never stepped (zero state,
+                if id(t) not in existing:   # step count 0), as torch's GradScaler skips the whole first step
+                    t[index.to(t.device)] = 0
+
+    def _member_state(self) -> list[Tensor]:
+        """The optimizer's per-member state tensors (first dimension: the members)."""
+        count = len(self.member_ids)
+        return [t for s in self.optimizer.state.values() for t in s.values()
+                if isinstance(t, Tensor) and t.dim() and t.shape[0] == count]
 
     def unscale_(self, scale: Tensor) -> Tensor:
         inverse = scale.double().reciprocal().float()
