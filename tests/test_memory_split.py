@@ -86,3 +86,25 @@ def test_gates_move_to_the_chunks_of_a_split():
     assert chunk_sizes(trial) == [2, 2] and len(gate.handles) == 2 and gate.calls == 3
     trial.train_step()
     assert gate.calls == 5
+
+
+def test_a_cuda_budget_is_this_process_setting_and_a_later_trial_without_one_gets_the_old_one_back(monkeypatch):
+    """Ray reuses actors: the allocator fraction a budgeted trial set must not limit the next trial of the
+    process. The CUDA allocator calls are simulated (no GPU here); the GPU's own settings are never touched."""
+    from hydro.trial import memory
+
+    fractions = {0: 0.9}  # the process's own setting before any trial
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index: fractions[index])
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, index: fractions.__setitem__(index, fraction))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: type("P", (), {"total_memory": 1000}))
+    monkeypatch.setattr(memory, "_FRACTION_BEFORE", {})
+    memory.MemoryBudget(250, torch.device("cuda"))
+    assert fractions == {0: 0.25}
+    memory.MemoryBudget(500, torch.device("cuda:0"))  # the next trial's budget
+    assert fractions == {0: 0.5}
+    memory.MemoryBudget(None, torch.device("cuda"))  # a trial without a budget: the process's own setting
+    assert fractions == {0: 0.9}
+    memory.MemoryBudget(None, torch.device("cuda"))  # and nothing more
+    assert fractions == {0: 0.9}

@@ -15,16 +15,26 @@ import torch
 from torch import Tensor, nn
 
 
+_FRACTION_BEFORE: dict[int, float] = {}  # CUDA device index -> this process's fraction before a budget set it
+
+
 class MemoryBudget:
-    """``budget_bytes`` (``None``: no budget beyond the device's own memory) on ``device``."""
+    """``budget_bytes`` (``None``: no budget beyond the device's own memory) on ``device``. On CUDA, a budget
+    sets this process's allocator fraction; a later trial of the same process (Ray reuses actors) without a
+    budget gets the fraction back that the process had before."""
 
     def __init__(self, budget_bytes: int | None, device: torch.device) -> None:
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"hydro.trial.memory: a memory budget must be > 0 bytes, got {budget_bytes}")
         self.budget_bytes, self.device = budget_bytes, device
-        if budget_bytes is not None and device.type == "cuda":
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
+        if device.type == "cuda":
+            index = torch.cuda.current_device() if device.index is None else device.index
+            if budget_bytes is not None:
+                _FRACTION_BEFORE.setdefault(index, torch.cuda.get_per_process_memory_fraction(index))
+                total = torch.cuda.get_device_properties(index).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), index)
+            elif index in _FRACTION_BEFORE:
+                torch.cuda.set_per_process_memory_fraction(_FRACTION_BEFORE.pop(index), index)
 
     @contextlib.contextmanager
     def watch(self, modules: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> Iterator[None]:
