@@ -71,14 +71,31 @@ class Rung:
 
 @dataclass(frozen=True)
 class TransferCheck:
-    """Rank agreement (Spearman ``rho``) of the ``configs`` trained at both ``coarse`` and ``fine`` scales;
-    ``low``: below the policy's ``min_agreement`` (``rho`` is NaN and ``low`` False with fewer than 3)."""
+    """Rank agreement (Spearman ``rho``) of the ``configs`` trained at both ``coarse`` and ``fine`` scales, and
+    ``upper``, the one-sided 95% upper confidence bound of ``rho`` (Fisher z with Bonett & Wright's standard
+    error for Spearman, ``sqrt((1 + rho²/2) / (n - 3))``). ``low``: even ``upper`` is below the policy's
+    ``min_agreement``, so the disagreement is not just the noise of few configurations (the top configurations
+    of a ladder are close, and 6 of them rank at random more often than not). ``rho`` is NaN with fewer than 3
+    configurations, ``upper`` with fewer than 4; NaN is never low."""
 
     coarse: int
     fine: int
     configs: int
     rho: float
+    upper: float
     low: bool
+
+
+ONE_SIDED_95 = 1.6449  # standard normal quantile
+
+
+def rho_upper_bound(rho: float, n: int) -> float:
+    """One-sided 95% upper confidence bound of a Spearman ``rho`` over ``n`` pairs (NaN if ``n < 4``)."""
+    if n < 4 or not math.isfinite(rho):
+        return math.nan
+    clipped = max(-0.9999, min(0.9999, rho))  # atanh(±1) is infinite
+    error = math.sqrt((1 + rho * rho / 2) / (n - 3))
+    return math.tanh(math.atanh(clipped) + ONE_SIDED_95 * error)
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -116,7 +133,7 @@ class TransferPolicy:
     stages start (``None``: no stages, no target); ranked by their final ``metric`` in ``mode``. ``scale``: the
     search's surrogate scale S. ``ladder``: train the best ``1/eta`` at S/2, S/4, ... before full size.
     ``top_k``: configurations trained at full size. ``seeds``: repeats of each configuration in surrogate
-    stages. ``min_agreement``: a transfer check below this Spearman rho is low. An unshrunk search (``scale``
+    stages. ``min_agreement``: a transfer check whose Spearman rho is confidently below this is low. An unshrunk search (``scale``
     1) has nothing to transfer: its one stage re-trains its best configuration at full size.
 
     Defaults (the ladder, one full-size target, one seed) are what won ``benchmarks/transfer_fidelity.py``: as
@@ -216,7 +233,9 @@ class TransferPolicy:
         for (coarse, a), (fine, b) in zip(pairs, pairs[1:]):
             common = [c for c in b if c in a]
             rho = spearman([a[c].mean for c in common], [b[c].mean for c in common]) if len(common) >= 3 else math.nan
-            out.append(TransferCheck(coarse, fine, len(common), rho, math.isfinite(rho) and rho < self.min_agreement))
+            upper = rho_upper_bound(rho, len(common))
+            out.append(TransferCheck(coarse, fine, len(common), rho, upper,
+                                     math.isfinite(upper) and upper < self.min_agreement))
         return out
 
     def trail(self, stages: Stages, config: str) -> list[tuple[int, Score]]:

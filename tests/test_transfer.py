@@ -4,7 +4,7 @@ import math
 import pytest
 from scipy.stats import spearmanr
 
-from schedulers.transfer import Score, TransferPolicy, scores_of, spearman
+from schedulers.transfer import ONE_SIDED_95, Score, TransferPolicy, rho_upper_bound, scores_of, spearman
 
 
 def policy(**kwargs):
@@ -83,6 +83,26 @@ def test_transfer_check_warns_when_rankings_disagree():
     assert p.checks(disagree)[0].low and p.checks(disagree)[0].rho == pytest.approx(-1.0)
     two = [search, scores_of([("a", 1.0), ("b", 2.0)])]
     assert math.isnan(p.checks(two)[0].rho) and not p.checks(two)[0].low  # too few to judge
+
+
+def test_transfer_check_is_low_only_when_the_disagreement_is_beyond_the_noise_of_few_configurations():
+    """6 configurations with a weak rank agreement (rho 0.26): the upper bound is above 0.5, no alarm; a weak
+    agreement (rho 0.23) over 40 configurations is confidently low."""
+    p = policy(scale=4, ladder=False, top_k=40, min_agreement=0.5)
+
+    def check(fine: list[int]):
+        ids = [f"c{i}" for i in range(len(fine))]
+        return p.checks([scores_of(zip(ids, range(len(fine)))), scores_of(zip(ids, fine))])[0]
+
+    few = check([0, 2, 4, 5, 3, 1])
+    assert few.rho == pytest.approx(spearmanr(range(6), [0, 2, 4, 5, 3, 1]).statistic) and 0.25 < few.rho < 0.27
+    assert few.upper > 0.5 and not few.low
+    shifted = [(i + 6) % 40 for i in range(40)]
+    many = check(shifted)
+    assert many.rho == pytest.approx(spearmanr(range(40), shifted).statistic) and 0.2 < many.rho < 0.25
+    assert many.upper < 0.5 and many.low
+    assert math.isnan(rho_upper_bound(0.3, 3))  # fewer than 4 cannot be judged
+    assert rho_upper_bound(0.0, 1003) == pytest.approx(math.tanh(ONE_SIDED_95 * math.sqrt(1 / 1000)))
 
 
 def test_spearman_matches_scipy_with_ties():

@@ -70,8 +70,9 @@ def test_seeds_ladder_and_top_k_targets(caplog):
     report = s.transfer_report()
     assert report.startswith("val_acc of the returned configuration m00004 at each scale: S=8: 0.41 ± 0.014 (n=2), "
                              "S=4: 0.61 ± 0.014 (n=2), S=2: 0.61 ± 0.014 (n=2), full size: 0.6")
-    assert "S=8 vs S=4 over 3 configurations: rho -1.00 (LOW)" in report
-    assert report in caplog.text and "transfer check: the rankings at S=8 and S=4 disagree" in caplog.text
+    # A reversal of 3 configurations happens by chance 1 time in 6: reported, but no alarm (too few to judge).
+    assert report.endswith("S=8 vs S=4 over 3 configurations: rho -1.00")
+    assert report in caplog.text and "transfer check: the rankings" not in caplog.text
     assert "2×2 seeds at S=2, 2 at full size: about" in caplog.text  # the cost, shown before the stages
 
 

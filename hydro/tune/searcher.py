@@ -11,6 +11,7 @@ best result is the best target's: the best configurations at full size, in µP w
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
 import sys
@@ -222,6 +223,7 @@ class HydroSearcher(Searcher):
         trail = ", ".join(f"{'full size' if s == FULL_SIZE else f'S={s}'}: {score}"
                           for s, score in self.transfer.trail(stages, config))
         checks = "; ".join(f"S={c.coarse} vs S={c.fine} over {c.configs} configurations: rho {c.rho:.2f}"
+                           + (f" (95% upper bound {c.upper:.2f})" if math.isfinite(c.upper) else "")
                            + (" (LOW)" if c.low else "") for c in self.transfer.checks(stages) if c.configs >= 3)
         return f"{self.spec.metric} of the returned configuration {config} at each scale: {trail}" + \
             (f". Transfer check (Spearman): {checks}" if checks else "")
@@ -353,9 +355,10 @@ class HydroSearcher(Searcher):
         for check in self.transfer.checks(transfer.stages):
             if check.low:
                 logger.warning("transfer check: the rankings at S=%d and S=%d disagree (Spearman %.2f over %d "
-                               "configurations, below %.2f): the surrogates' choice may not hold at full size; "
-                               "use a smaller scale, seeds=, ladder=True or a larger top_k", check.coarse, check.fine,
-                               check.rho, check.configs, self.transfer.min_agreement)
+                               "configurations, 95%% upper bound %.2f, below %.2f): the surrogates' choice may not "
+                               "hold at full size; use a smaller scale, seeds=, ladder=True or a larger top_k",
+                               check.coarse, check.fine, check.rho, check.configs, check.upper,
+                               self.transfer.min_agreement)
 
     def _forward(self, events) -> None:
         """Tell the inner searcher what the search's configurations did, each under the id of the member it
