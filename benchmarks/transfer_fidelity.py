@@ -37,7 +37,8 @@ from torch import Tensor, nn
 
 from hydro.examples.models import CharTransformerLM
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
-from hydro.trial.spec import Batch, TuneSpec, accuracy
+from hydro.trial.data import Batch
+from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.random_search import RandomSearch
