@@ -91,6 +91,21 @@ def test_elastic_merge_releases_gpus_and_keeps_the_tuning_result():
     assert elastic.gpu_hours < 0.9 * plain.gpu_hours
 
 
+def test_earliest_finish_queues_a_target_behind_another_on_the_h100_when_that_finishes_first():
+    # two jobs at once, one configuration each (a 1-epoch surrogate), then 5-epoch targets: 1000 steps of 0.25
+    # take 87.9 s per epoch on the H100 and 258 s on the V100, so the second target waits 440 s for the H100
+    jobs = [one_job(name=f"j{i}", configs=1, fusion=1, rungs=(1,), reduction=1, steps_per_epoch=1000, seed=i)
+            for i in range(2)]
+    target_s, surrogate_h100_s = 5 * 1000 * H100.step_seconds(0.25), 1000 * H100.step_seconds(0.004)
+    cluster = Cluster.of((H100, 1), (V100, 1))
+    result = simulate(cluster, jobs, EarliestFinish())
+    assert result.gpu_seconds_by_type["H100"] == pytest.approx(2 * target_s + surrogate_h100_s)
+    assert result.gpu_seconds_by_type["V100"] == pytest.approx(1000 * V100.step_seconds(0.004))  # a surrogate
+    assert result.makespan_s == pytest.approx(result.gpu_seconds_by_type["H100"])  # the H100 never idles
+    greedy = simulate(cluster, jobs, HeterogeneityAware())  # no predictions: the second target takes the V100
+    assert result.makespan_s < 0.7 * greedy.makespan_s and result.gpu_hours < 0.5 * greedy.gpu_hours
+
+
 def test_earliest_finish_saves_gpu_hours_on_a_loaded_mixed_cluster_with_the_same_tuning_result():
     cluster = Cluster.of((H100, 1), (A100, 1), (V100, 2))
     jobs = job_stream(6, seed=1, mean_interarrival_s=900.0, steps_per_epoch=500)
