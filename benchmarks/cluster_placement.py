@@ -69,16 +69,20 @@ def main() -> None:
                         for m in METRICS} for name in POLICIES}
         base = means[next(iter(POLICIES))]
         for name, mean in means.items():
-            table.append({"load": load, "policy": name, **mean,
+            by_type = {gpu: float(np.mean([r["gpu_seconds_by_type"][gpu] for r in rows
+                                           if r["load"] == load and r["policy"] == name])) / 3600
+                       for gpu in CLUSTER.counts}
+            table.append({"load": load, "policy": name, **mean, "gpu_hours_by_type": by_type,
                           **{f"{m}_vs_a": mean[m] / base[m] - 1 for m in METRICS}})
     print(f"cluster {dict(CLUSTER.counts)}; {args.jobs} jobs x {args.seeds} seeds per load; same best configuration "
           f"and member-epochs under every policy: yes; {time.perf_counter() - started:.1f} s")
     print(f"{'load':<16} {'policy':<26} {'GPU-hours':>10} {'vs (a)':>7} {'makespan h':>11} {'vs (a)':>7} "
-          f"{'queue min':>10} {'JCT h':>7} {'vs (a)':>7}")
+          f"{'queue min':>10} {'JCT h':>7} {'vs (a)':>7}  GPU-hours on {'/'.join(CLUSTER.counts)}")
     for r in table:
         print(f"{r['load']:<16} {r['policy']:<26} {r['gpu_hours']:>10.1f} {r['gpu_hours_vs_a']:>+7.0%} "
               f"{r['makespan_s'] / 3600:>11.2f} {r['makespan_s_vs_a']:>+7.0%} {r['mean_queueing_s'] / 60:>10.1f} "
-              f"{r['mean_jct_s'] / 3600:>7.2f} {r['mean_jct_s_vs_a']:>+7.0%}")
+              f"{r['mean_jct_s'] / 3600:>7.2f} {r['mean_jct_s_vs_a']:>+7.0%}  "
+              + "/".join(f"{h:.1f}" for h in r["gpu_hours_by_type"].values()))
     sweep = sensitivity(args.jobs, args.seeds)
     print("\nsensitivity of (c) to prediction error (σ of log(predicted / actual run time) per trial): change vs (a)")
     print(f"{'load':<16} {'σ':>5} {'GPU-hours':>10} {'makespan':>9} {'JCT':>6}")
