@@ -29,10 +29,11 @@ _GRID = 48  # floor candidates per search
 _REACH = 20.0  # the floor is searched down to min(l) - _REACH x (range of l)
 _REFINEMENTS = 3  # finer grids around the best floor
 _BACKTESTS = 5  # prefixes (the latest ones) whose fit predicts the latest value
+_MAX_RATIO = 3.0  # a backtest's relative error counts at most about this much (a flat prefix predicts ~0)
 # Relative error of an extrapolated improvement before any backtest, worth PRIOR_WEIGHT backtests: calibrated on
 # the bundled examples' curves (benchmarks/convergence_prediction.py, seed 0: ±2σ holds 96% of final values with
-# 0.7, 90% with 0.5, 65% with the bootstrap alone; 192 predictions of training/validation loss and the metric)
-# and checked on seed 1's curves: 89% (bootstrap alone: 49%).
+# 0.7, 93% with 0.5, 65% with the bootstrap alone; 192 predictions of training/validation loss and the metric)
+# and checked on seed 1's curves: 92% (bootstrap alone: 49%).
 PRIOR_MODEL_ERROR = 0.7
 PRIOR_WEIGHT = 2.0
 
@@ -103,8 +104,8 @@ def fit_curve(epochs: Sequence[float], values: Sequence[float], *, bootstrap: in
     ``floor``: lowest allowed ``beta2`` (Optimus: 0 for a loss; ``None``: unbounded, for e.g. a negated
     accuracy). ``bootstrap``: residual-bootstrap refits for the noise part of the uncertainty (0: none); the
     model-error part comes from backtests on the latest ``_BACKTESTS`` prefixes of >= 3 points: the fit on epochs
-    ``k[:j]`` predicts the improvement from ``k[j-1]`` to the last epoch; its error relative to the larger of the
-    predicted and the observed improvement (bounded, so a flat prefix cannot make it infinite) is one sample;
+    ``k[:j]`` predicts the improvement from ``k[j-1]`` to the last epoch; its error relative to the predicted
+    improvement (bounded at about ``_MAX_RATIO``, so a flat prefix cannot make it infinite) is one sample;
     ``model_error`` is the root mean square of the samples and :data:`PRIOR_WEIGHT` copies of
     :data:`PRIOR_MODEL_ERROR`."""
     k = np.asarray(epochs, dtype=float)
@@ -130,7 +131,7 @@ def _model_error(k: np.ndarray, l: np.ndarray, floor: float | None) -> float:
         beta = _fit(k[:j], l[:j], floor)
         start = _curve(*beta, k[j - 1])
         predicted, observed = _curve(*beta, k[-1]) - start, l[-1] - start
-        scale = max(abs(predicted), abs(observed))
+        scale = max(abs(predicted), abs(observed) / _MAX_RATIO)
         squares.append(((observed - predicted) / scale) ** 2 if scale else 0.0)
     return math.sqrt((PRIOR_WEIGHT * PRIOR_MODEL_ERROR ** 2 + sum(squares)) / (PRIOR_WEIGHT + len(squares)))
 
