@@ -5,7 +5,9 @@ Each example (``hydro tune --example``) trains ``--configs`` random configuratio
 fused trial for a fixed number of epochs (CPU), recording every member's training loss, validation loss and
 tuned metric per epoch. Then (1) each member's loss curve (training loss: what Optimus models; validation loss)
 fitted on its first k epochs predicts the last epoch's value: median relative error, the share of actual values
-inside ±2σ, and the "last value stays" baseline;
+inside ±2σ (the interval's coverage; 95% if calibrated and Gaussian), the median 2σ relative to the actual value
+(the interval's half-width), the coverage of the bootstrap (noise) part alone, and the "last value stays"
+baseline;
 (2) the recorded curves are replayed through the member-stopping rules: member-epochs trained, and the best
 final metric among the members that ran to the end (the tuning result).
 
@@ -14,6 +16,7 @@ final metric among the members that ran to the end (the tuning result).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -57,7 +60,7 @@ def record(name: str, epochs: int, configs: int, seed: int) -> tuple[dict[str, d
 def prediction_rows(name: str, loss: str, losses: dict[str, list[float]], epochs: int) -> list[dict]:
     rows = []
     for points in (p for p in FIT_POINTS if p < epochs):
-        errors, baseline, covered, skipped = [], [], 0, 0
+        errors, baseline, widths, covered, noise_covered, skipped = [], [], [], 0, 0, 0
         for curve in losses.values():
             if not all(math.isfinite(v) for v in curve):
                 skipped += 1
@@ -68,9 +71,14 @@ def prediction_rows(name: str, loss: str, losses: dict[str, list[float]], epochs
             baseline.append(abs(curve[points - 1] - actual) / actual)
             low, high = predicted.bound(2)
             covered += low <= actual <= high
+            widths.append(2 * predicted.std / actual)
+            low, high = dataclasses.replace(fit, model_error=0.0).value(epochs).bound(2)
+            noise_covered += low <= actual <= high
         rows.append({"example": name, "loss": loss, "fit_epochs": points, "final_epoch": epochs, "members": len(errors),
                      "diverged": skipped, "median_error": statistics.median(errors),
-                     "last_value_error": statistics.median(baseline), "within_2sigma": covered / len(errors)})
+                     "last_value_error": statistics.median(baseline), "within_2sigma": covered / len(errors),
+                     "within_2sigma_noise_only": noise_covered / len(errors),
+                     "median_2sigma": statistics.median(widths)})
     return rows
 
 
@@ -118,6 +126,11 @@ def main() -> None:
         print_tables(rows, replayed)
         predictions += rows
         replays += replayed
+    total = sum(r["members"] for r in predictions)
+    for key, label in (("within_2sigma", "noise + model error"), ("within_2sigma_noise_only", "noise only")):
+        covered = sum(r[key] * r["members"] for r in predictions)
+        print(f"all predictions, ±2σ of {label}: {covered:.0f} of {total} actual final losses inside "
+              f"({covered / total:.0%})")
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "convergence_prediction.json"
     out.write_text(json.dumps({"meta": {"configs": args.configs, "seed": args.seed, "load_average": os.getloadavg(),
@@ -129,11 +142,11 @@ def main() -> None:
 def print_tables(predictions: list[dict], replays: list[dict]) -> None:
     print("predicted final loss (fit on the first k epochs)")
     print(f"{'example':<12} {'loss':<10} {'k':>3} {'final':>6} {'n':>3} {'div.':>5} {'median err':>11} "
-          f"{'last-value err':>15} {'in ±2σ':>7}")
+          f"{'last-value err':>15} {'in ±2σ':>7} {'2σ/actual':>10} {'noise only':>11}")
     for r in predictions:
         print(f"{r['example']:<12} {r['loss']:<10} {r['fit_epochs']:>3} {r['final_epoch']:>6} {r['members']:>3} "
               f"{r['diverged']:>5} {r['median_error']:>11.1%} {r['last_value_error']:>15.1%} "
-              f"{r['within_2sigma']:>7.0%}")
+              f"{r['within_2sigma']:>7.0%} {r['median_2sigma']:>10.1%} {r['within_2sigma_noise_only']:>11.0%}")
     print("member-stopping rules replayed on the recorded curves")
     print(f"{'example':<12} {'rule':<22} {'member-epochs':>14} {'of full':>8} {'best final':>11}")
     for r in replays:

@@ -10,6 +10,12 @@ GPU). With an elastic policy, a trial that reaches a rung hands its survivors to
 releases its GPU; the pool starts full fused trials as soon as it holds ``fusion`` survivors and the rest when
 the job's last trial reaches the rung; a merged trial pays ``merge_s`` (checkpoint and restore) first.
 
+A policy that plans ahead (:class:`~schedulers.placement.policies.EarliestFinish`) sees each queued trial's
+predicted steps until it gives its GPU back and each busy GPU's predicted remaining seconds: a target runs to its
+last epoch; an elastic policy's surrogate trial to its next rung (where it hands its survivors on); a
+non-elastic one to the surrogates' last epoch (an upper bound: its members may all stop earlier). Predictions
+use the current members' step time, optionally missed by a random factor per trial (``prediction_error``).
+
 Metrics: makespan (last job done), GPU-hours (GPU time held by trials), mean queueing delay (trial enqueued ->
 started) and mean job completion time (arrival -> target done).
 """
@@ -79,6 +85,8 @@ class _Trial:
     enqueued: float = 0.0
     gpu: str | None = None
     started: float = 0.0
+    epoch_end: float = 0.0  # when its current epoch ends (running)
+    misprediction: float = 1.0  # predicted / simulated run time
 
 
 @dataclass
@@ -89,6 +97,7 @@ class SimulationResult:
     mean_queueing_s: float
     mean_jct_s: float
     best_configs: list[int]
+    member_epochs: list[int]  # surrogate member-epochs trained per job (the tuning work: equal under any policy)
     gpu_seconds_by_type: dict[str, float] = field(default_factory=dict)
     busy: list[tuple[float, int]] = field(default_factory=list)  # (time, GPUs held) after each change
 
@@ -97,16 +106,25 @@ class SimulationResult:
 
 
 def simulate(cluster: Cluster, jobs: Sequence[TuningJob], policy: PlacementPolicy, name: str = "",
-             merge_s: float = 30.0) -> SimulationResult:
-    """Run ``jobs`` on ``cluster`` under ``policy``; see the module docstring."""
-    return _Simulation(cluster, list(jobs), policy, merge_s).run(name or type(policy).__name__)
+             merge_s: float = 30.0, prediction_error: float = 0.0, seed: int = 0) -> SimulationResult:
+    """Run ``jobs`` on ``cluster`` under ``policy``; see the module docstring. ``prediction_error``: σ of the
+    log of the factor by which each trial's predicted run time (what the policy sees) misses the simulated one,
+    drawn once per trial with ``seed`` (0: exact predictions)."""
+    if prediction_error < 0:
+        raise ValueError(f"simulate: prediction_error is a standard deviation (>= 0), got {prediction_error}")
+    simulation = _Simulation(cluster, list(jobs), policy, merge_s, np.random.default_rng(seed), prediction_error)
+    return simulation.run(name or type(policy).__name__)
 
 
 class _Simulation:
-    def __init__(self, cluster: Cluster, jobs: list[TuningJob], policy: PlacementPolicy, merge_s: float) -> None:
+    def __init__(self, cluster: Cluster, jobs: list[TuningJob], policy: PlacementPolicy, merge_s: float,
+                 rng: np.random.Generator, prediction_error: float) -> None:
         self.cluster, self.jobs, self.policy, self.merge_s = cluster, jobs, policy, merge_s
+        self.rng, self.prediction_error = rng, prediction_error
+        self.member_epochs = [0] * len(jobs)  # surrogate member-epochs trained per job
         self.free = dict(cluster.counts)
         self.queue: list[_Trial] = []
+        self.running: dict[str, _Trial] = {}  # by key
         self.events: list[tuple[float, int, str, object]] = []
         self.order = itertools.count()
         self.now = 0.0
@@ -133,11 +151,14 @@ class _Simulation:
         if len(self.done_at) != len(self.jobs):
             raise RuntimeError(f"simulate: {len(self.jobs) - len(self.done_at)} jobs never finished (a trial needs "
                                f"a GPU the cluster lacks?)")
+        if self.member_epochs != [sum(stops) for stops in self.stops]:
+            raise RuntimeError("simulate: a job's members trained other epochs than its stopping trace says")
         return SimulationResult(
             policy=name, makespan_s=max(self.done_at.values()), gpu_hours=sum(self.gpu_seconds.values()) / 3600,
             mean_queueing_s=float(np.mean(self.waits)),
             mean_jct_s=float(np.mean([self.done_at[i] - j.arrival_s for i, j in enumerate(self.jobs)])),
-            best_configs=[job.best() for job in self.jobs], gpu_seconds_by_type=dict(self.gpu_seconds),
+            best_configs=[job.best() for job in self.jobs], member_epochs=self.member_epochs,
+            gpu_seconds_by_type=dict(self.gpu_seconds),
             busy=self.busy)
 
     # --- events ---------------------------------------------------------------------------------------
@@ -154,11 +175,17 @@ class _Simulation:
 
     def _enqueue(self, trial: _Trial) -> None:
         trial.key, trial.enqueued = f"t{next(self.names)}", self.now
+        trial.misprediction = float(np.exp(self.rng.normal(0.0, self.prediction_error)))
         self.queue.append(trial)
 
     def _schedule(self) -> None:
-        pending = [PendingTrial(t.key, len(t.members) * t.work_per_member, self.now - t.enqueued) for t in self.queue]
-        chosen = self.policy.place(pending, {k: v for k, v in self.free.items() if v > 0}, self.cluster.types)
+        pending = [PendingTrial(t.key, len(t.members) * t.work_per_member, self.now - t.enqueued, max(1, round(
+            t.misprediction * (self._release_epoch(t) - t.epoch) * self.jobs[t.job].steps_per_epoch)))
+                   for t in self.queue]
+        busy: dict[str, list[float]] = {}
+        for trial in self.running.values():
+            busy.setdefault(trial.gpu, []).append(self._remaining_s(trial))
+        chosen = self.policy.place(pending, {k: v for k, v in self.free.items() if v > 0}, self.cluster.types, busy)
         started = set()
         for index, gpu in chosen:
             if self.free.get(gpu, 0) < 1 or index in started:
@@ -168,9 +195,27 @@ class _Simulation:
             self.free[gpu] -= 1
             trial.gpu, trial.started = gpu, self.now
             self.waits.append(self.now - trial.enqueued)
-            self._push(self.now + trial.setup_s + self._epoch_seconds(trial), "epoch", trial)
+            self.running[trial.key] = trial
+            self._next_epoch(trial, trial.setup_s)
         self.queue = [t for i, t in enumerate(self.queue) if i not in started]
         self._record_busy()
+
+    def _next_epoch(self, trial: _Trial, setup_s: float = 0.0) -> None:
+        trial.epoch_end = self.now + setup_s + self._epoch_seconds(trial)
+        self._push(trial.epoch_end, "epoch", trial)
+
+    def _release_epoch(self, trial: _Trial) -> int:
+        """The epoch after which ``trial`` is predicted to give its GPU back: a target's last; with an elastic
+        policy, a surrogate's next rung; otherwise the surrogates' last epoch (an upper bound: all its members
+        may stop earlier)."""
+        if self.policy.elastic and not trial.target:
+            return next(r for r in self.jobs[trial.job].rungs if r > trial.epoch)
+        return trial.last_epoch
+
+    def _remaining_s(self, trial: _Trial) -> float:
+        """Predicted seconds until running ``trial`` gives its GPU back, at its current members' step time."""
+        later = self._release_epoch(trial) - trial.epoch - 1  # epochs after the current one
+        return trial.misprediction * (trial.epoch_end - self.now + later * self._epoch_seconds(trial))
 
     def _epoch_seconds(self, trial: _Trial) -> float:
         job = self.jobs[trial.job]
@@ -178,6 +223,7 @@ class _Simulation:
         return job.steps_per_epoch * gpu.step_seconds(len(trial.members) * trial.work_per_member)
 
     def _release(self, trial: _Trial) -> None:
+        del self.running[trial.key]
         self.free[trial.gpu] += 1
         self.gpu_seconds[trial.gpu] += self.now - trial.started
         self._record_busy()
@@ -193,12 +239,13 @@ class _Simulation:
         job_index, job = trial.job, self.jobs[trial.job]
         if trial.target:
             if trial.epoch < trial.last_epoch:
-                self._push(self.now + self._epoch_seconds(trial), "epoch", trial)
+                self._next_epoch(trial)
                 return
             self._release(trial)
             self.done_at[job_index] = self.now
             return
         stops = self.stops[job_index]
+        self.member_epochs[job_index] += len(trial.members)
         leaving = [m for m in trial.members if stops[m] <= trial.epoch]
         trial.members = [m for m in trial.members if stops[m] > trial.epoch]
         self.surrogates_left[job_index] -= len(leaving)
@@ -207,7 +254,7 @@ class _Simulation:
             self._release(trial)
             self._merge(job_index, trial.epoch, trial.members)
         elif trial.members:
-            self._push(self.now + self._epoch_seconds(trial), "epoch", trial)
+            self._next_epoch(trial)
         else:
             self._release(trial)
         if self.surrogates_left[job_index] == 0:

@@ -2,8 +2,8 @@
 import pytest
 
 from schedulers.placement.cluster import A100, H100, V100, Cluster, GpuType
-from schedulers.placement.policies import (ElasticHeterogeneityAware, HeterogeneityAware, PendingTrial,
-                                           TypeOblivious)
+from schedulers.placement.policies import (EarliestFinish, ElasticEarliestFinish, ElasticHeterogeneityAware,
+                                           HeterogeneityAware, PendingTrial, TypeOblivious)
 from schedulers.placement.simulator import TuningJob, job_stream, simulate
 
 TYPES = {g.name: g for g in (H100, A100, V100)}
@@ -17,6 +17,30 @@ def test_small_surrogates_go_to_weak_gpus_and_targets_to_the_strongest():
     waiting = HeterogeneityAware(min_efficiency=0.5, patience_s=60)
     assert waiting.place([TARGET], {"V100": 1}, TYPES) == []
     assert waiting.place([PendingTrial("t", 0.25, waited_s=61)], {"V100": 1}, TYPES) == [(0, "V100")]
+
+
+def test_earliest_finish_waits_for_a_strong_gpu_only_while_that_is_quicker():
+    # a 27-epoch target: 54000 steps, 4287 s on an H100, 13932 s on a V100
+    target = PendingTrial("t", 0.25, steps=54000)
+    run_h100, run_v100 = 54000 * H100.step_seconds(0.25), 54000 * V100.step_seconds(0.25)
+    policy = EarliestFinish()
+    assert policy.place([target], {"V100": 1}, TYPES, busy={"H100": [600.0]}) == []  # waits 10 min for the H100
+    late = run_v100 - run_h100 + 1
+    assert policy.place([target], {"V100": 1}, TYPES, busy={"H100": [late]}) == [(0, "V100")]
+    # the first target reserves the H100 that frees in 10 min; the second would wait 10 min + 4287 s there, or
+    # for the A100 (6566 s run) 20 min: A100 wins; the surrogate behind them takes the free V100
+    surrogate = PendingTrial("s", 8 * 0.25 / 64, steps=2000)
+    placed = policy.place([target, PendingTrial("t2", 0.25, steps=54000), surrogate], {"V100": 1}, TYPES,
+                          busy={"H100": [600.0], "A100": [1200.0]})
+    assert placed == [(2, "V100")]
+    # both free: the target takes the H100 and the surrogate the V100; in the other order (FIFO) the surrogate
+    # takes the H100 (34 s there, 79 s on the V100) and the target waits 34 s for it rather than run 3x longer
+    assert policy.place([target, surrogate], {"H100": 1, "V100": 1}, TYPES, busy={}) == [(0, "H100"), (1, "V100")]
+    assert policy.place([surrogate, target], {"H100": 1, "V100": 1}, TYPES, busy={}) == [(0, "H100")]
+    with pytest.raises(ValueError, match="busy="):
+        policy.place([target], {"V100": 1}, TYPES)
+    with pytest.raises(ValueError, match="steps"):
+        policy.place([TARGET], {"V100": 1}, TYPES, busy={})
 
 
 def test_type_oblivious_placement_is_fifo_reproducible_and_uses_only_free_gpus():
@@ -67,14 +91,48 @@ def test_elastic_merge_releases_gpus_and_keeps_the_tuning_result():
     assert elastic.gpu_hours < 0.9 * plain.gpu_hours
 
 
+def test_earliest_finish_queues_a_target_behind_another_on_the_h100_when_that_finishes_first():
+    # two jobs at once, one configuration each (a 1-epoch surrogate), then 5-epoch targets: 1000 steps of 0.25
+    # take 87.9 s per epoch on the H100 and 258 s on the V100, so the second target waits 440 s for the H100
+    jobs = [one_job(name=f"j{i}", configs=1, fusion=1, rungs=(1,), reduction=1, steps_per_epoch=1000, seed=i)
+            for i in range(2)]
+    target_s, surrogate_h100_s = 5 * 1000 * H100.step_seconds(0.25), 1000 * H100.step_seconds(0.004)
+    cluster = Cluster.of((H100, 1), (V100, 1))
+    result = simulate(cluster, jobs, EarliestFinish())
+    assert result.gpu_seconds_by_type["H100"] == pytest.approx(2 * target_s + surrogate_h100_s)
+    assert result.gpu_seconds_by_type["V100"] == pytest.approx(1000 * V100.step_seconds(0.004))  # a surrogate
+    assert result.makespan_s == pytest.approx(result.gpu_seconds_by_type["H100"])  # the H100 never idles
+    greedy = simulate(cluster, jobs, HeterogeneityAware())  # no predictions: the second target takes the V100
+    assert result.makespan_s < 0.7 * greedy.makespan_s and result.gpu_hours < 0.5 * greedy.gpu_hours
+
+
+def test_earliest_finish_saves_gpu_hours_on_a_loaded_mixed_cluster_with_the_same_tuning_result():
+    cluster = Cluster.of((H100, 1), (A100, 1), (V100, 2))
+    jobs = job_stream(6, seed=1, mean_interarrival_s=900.0, steps_per_epoch=500)
+    results = {policy: simulate(cluster, jobs, policy()) for policy in (TypeOblivious, HeterogeneityAware,
+                                                                         EarliestFinish, ElasticEarliestFinish)}
+    base = results[TypeOblivious]
+    for result in results.values():
+        assert (result.best_configs, result.member_epochs) == (base.best_configs, base.member_epochs)
+    assert base.member_epochs == [sum(job.stop_epochs()) for job in jobs]
+    assert results[EarliestFinish].gpu_hours < 0.85 * base.gpu_hours
+    assert results[EarliestFinish].gpu_hours < results[HeterogeneityAware].gpu_hours
+    assert results[ElasticEarliestFinish].gpu_hours < results[EarliestFinish].gpu_hours
+    # mispredicted run times change decisions, not the tuning result
+    noisy = simulate(cluster, jobs, ElasticEarliestFinish(), prediction_error=0.5, seed=3)
+    assert noisy.member_epochs == base.member_epochs and noisy.gpu_hours != results[ElasticEarliestFinish].gpu_hours
+
+
 def test_cluster_and_simulation_refuse_impossible_input():
     with pytest.raises(ValueError, match="known GPU types"):
         Cluster({"V100": V100}, {"H100": 1})
 
     class Greedy(TypeOblivious):
-        def place(self, queue, free, types):
+        def place(self, queue, free, types, busy=None):
             return [(0, "V100"), (0, "V100")]
 
     with pytest.raises(ValueError, match="busy GPU or a trial twice"):
         simulate(Cluster.of((V100, 1)), [one_job()], Greedy())
+    with pytest.raises(ValueError, match="prediction_error"):
+        simulate(Cluster.of((V100, 1)), [one_job()], EarliestFinish(), prediction_error=-0.1)
     assert GpuType("X", 2.0, 0.01).step_seconds(1.0) == pytest.approx(0.51)

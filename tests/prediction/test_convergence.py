@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from schedulers.member_stopping import ConvergenceStopping, MemberStopping
-from schedulers.prediction.convergence import fit_curve
+from schedulers.prediction.convergence import PRIOR_MODEL_ERROR, PRIOR_WEIGHT, fit_curve
 
 
 def curve(b0, b1, b2, epochs):
@@ -37,6 +37,29 @@ def test_noisy_curve_prediction_has_an_uncertainty_that_covers_the_truth():
     assert covered >= 16
 
 
+def test_model_error_is_measured_by_backtests_and_covers_a_misspecified_curve():
+    epochs = np.arange(1, 9)
+    # three points: the fit is exact, the bootstrap says nothing; beyond them the prior model error applies
+    exact = fit_curve(epochs[:3], curve(0.3, 0.5, 0.2, epochs[:3]), floor=0.0)
+    assert exact.model_error == pytest.approx(PRIOR_MODEL_ERROR)
+    assert exact.value(2).std < 1e-6  # within the observed epochs: noise only
+    improvement = exact.value(3).value - exact.value(30).value
+    assert exact.value(30).std == pytest.approx(PRIOR_MODEL_ERROR * improvement, rel=1e-3)
+    # eight points of an Optimus curve: five exact backtests (error 0) shrink it
+    optimus = fit_curve(epochs, curve(0.3, 0.5, 0.2, epochs), floor=0.0)
+    assert optimus.model_error == pytest.approx(PRIOR_MODEL_ERROR * math.sqrt(PRIOR_WEIGHT / (PRIOR_WEIGHT + 5)),
+                                                abs=1e-3)
+    # an exponential curve is not Optimus's: the backtests see the misses, and ±2σ still covers epoch 30
+    decay = [0.3 + 2 * math.exp(-0.25 * k) for k in range(1, 31)]
+    fit = fit_curve(epochs, decay[:8], floor=0.0)
+    assert fit.model_error > optimus.model_error
+    low, high = fit.value(30).bound(2)
+    assert low <= decay[-1] <= high and not fit.value(30).bound(0.1)[0] <= decay[-1] <= fit.value(30).bound(0.1)[1]
+    # epochs to a target: the spread of the improvement scaled by 1 ± model_error
+    reach = fit.epochs_to(0.5)
+    assert math.isfinite(reach.std) and reach.std > 0 and fit.epochs_to(fit.value(40).value).value > reach.value
+
+
 def test_negated_accuracy_fits_without_a_floor():
     epochs = range(1, 6)
     accuracy = [0.95 - 0.5 / (0.4 * k + 1) for k in epochs]
@@ -61,8 +84,10 @@ def test_stops_a_member_whose_predicted_final_loss_cannot_beat_the_best():
         for member, losses in (("good", good), ("bad", bad)):
             if member not in stopped and rule.decide(member, epoch, losses[epoch - 1], final=epoch == 30):
                 stopped[member] = epoch
-    # bad's floor (0.8) is above good's loss from epoch 3 on (0.1 + 1/1.4): stopped at the first judged epoch
-    assert stopped == {"bad": 3}
+    # bad's floor (0.8) is above good's loss from epoch 3 on (0.1 + 1/1.4), but at epoch 3 its extrapolated
+    # improvement (0.61) is uncertain by the prior model error (0.7 of it): stopped once backtests on its exact
+    # curve have shrunk that (epoch 6 of 30)
+    assert stopped == {"bad": 6}
     predicted, std = rule.rule.predictions["bad"]
     assert -predicted == pytest.approx(bad[-1], rel=1e-3)
 
