@@ -14,15 +14,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from hydro.tune import HydroSearcher, member_table, trainable
 from tests.tune.test_searcher import Scripted
-from tests.tune.workload import SPACE, FaultAtEpoch, faults, mlp_or_untraceable, spec
-
-
-class Recoveries(tune.Callback):
-    def __init__(self):
-        self.recovered = []
-
-    def on_trial_recover(self, iteration, trials, trial, **info):
-        self.recovered.append(trial.trial_id)
+from tests.tune.workload import SPACE, FaultAtEpoch, Recoveries, faults, mlp_or_untraceable, spec
 
 
 class ValLoss(Scripted):

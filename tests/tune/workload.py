@@ -14,8 +14,8 @@ import hydro
 from hydro.examples.data import digits
 from hydro.examples.models import MLP
 from hydro.loss import trial_losses
-from hydro.trial.data import batch_order
 from hydro.optim import SGD
+from hydro.trial.data import batch_order
 from hydro.tune import MemberSession, TuneSpec, accuracy
 from schedulers.member_stopping import StoppingRule
 
@@ -62,6 +62,16 @@ def faults(log: str) -> list[int]:
     """The pids that hit a :class:`FaultAtEpoch` fault, one per hit."""
     with open(log) as f:
         return [int(line) for line in f.read().split()]
+
+
+class Recoveries(tune.Callback):
+    """The trials Tune retried (``recovered``: their ids, once per retry)."""
+
+    def __init__(self):
+        self.recovered = []
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self.recovered.append(trial.trial_id)
 
 
 def mlp(config):
