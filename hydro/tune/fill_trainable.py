@@ -54,7 +54,7 @@ class FillTrialLost(TrialLost):
     """A fill trial's process was killed, exited or hangs (or ran out of memory); the message carries the cause."""
 
 
-def fill_failure(members: list[str], slot: str, cause: str, started: bool = True) -> FillTrialError | FillTrialLost:
+def _fill_failure(members: list[str], slot: str, cause: str, started: bool = True) -> FillTrialError | FillTrialLost:
     """The error of the fill trial of ``members`` on ``slot`` that failed with ``cause`` (the host's words)."""
     where = f"the fill trial of members {', '.join(members)} {'failed' if started else 'could not start'} on {slot}"
     lines = cause.strip().splitlines()
@@ -128,7 +128,7 @@ class _Proxy:
             self._lost(unit)
             return
         if status is not None and "failed" in status:
-            raise fill_failure(unit.member_ids, unit.slot["slot"], status["failed"])
+            raise _fill_failure(unit.member_ids, unit.slot["slot"], status["failed"])
         if status is not None and status["result"] is not None and unit.result is None:
             result = status["result"]
             if result.epoch <= self.epoch:  # replayed after a move: it was decided already
@@ -157,7 +157,7 @@ class _Proxy:
             self.service.slot_lost.remote(slot["slot"])
             return
         except ray.exceptions.RayTaskError as error:
-            raise fill_failure(unit.member_ids, slot["slot"], str(error.cause), started=False) from None
+            raise _fill_failure(unit.member_ids, slot["slot"], str(error.cause), started=False) from None
         unit.slot, unit.host = slot, host
         if len(kept) < len(unit.member_ids):  # the slot holds fewer: the rest start another fused trial
             rest = unit.member_ids[len(kept):]
@@ -197,7 +197,7 @@ class _Proxy:
             self._lost(unit)
             return
         if "failed" in answer:
-            raise fill_failure(unit.member_ids, unit.slot["slot"], answer["failed"])
+            raise _fill_failure(unit.member_ids, unit.slot["slot"], answer["failed"])
         unit.state, unit.result, unit.member_ids = answer["state"], None, list(keep)  # the state: all after the last
         if not keep:  # its members are done: free the slot
             unit.done = True
@@ -212,7 +212,7 @@ class _Proxy:
     def _moved(self, unit: _Unit, handed: dict | None) -> None:
         """The unit left its slot with ``handed`` (exact state; else it resumes from its last state)."""
         if handed is not None and "failed" in handed:
-            raise fill_failure(unit.member_ids, unit.slot["slot"], handed["failed"])
+            raise _fill_failure(unit.member_ids, unit.slot["slot"], handed["failed"])
         if handed is not None:
             unit.state = handed["state"]
             unit.member_ids = list(unit.state["trial"]["member_ids"])

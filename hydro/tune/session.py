@@ -142,10 +142,10 @@ class MemberSession:
             raise error
         cause = str(error) if isinstance(error, TrialFailed) else describe(error)
         details = error.details if isinstance(error, TrialFailed) else "".join(traceback.format_exception(error))
-        logger.error("hydro: members %s failed after epoch %d, not retried (their trial's own code raised; the traceback "
-                     "is the trial's %s): %s", ", ".join(self.member_ids), self.epoch, TRACEBACK_KEY, cause)
-        tune.report({"epoch": self.epoch, "hydro_kind": self.plan.kind.value, "live_members": 0, self.metric: math.nan,
-                     ERROR_KEY: cause, TRACEBACK_KEY: details})
+        logger.error("hydro: members %s failed after epoch %d, not retried (their trial's own code raised; the "
+                     "traceback is the trial's %s): %s", ", ".join(self.member_ids), self.epoch, TRACEBACK_KEY, cause)
+        tune.report({"epoch": self.epoch, "hydro_kind": self.plan.kind.value, "live_members": 0,
+                     self.metric: math.nan, ERROR_KEY: cause, TRACEBACK_KEY: details})
 
     def _trial_result(self, results: dict[str, dict], epoch: int, live: int, extra: dict) -> dict:
         """Surrogates: per-member results under ``members/<id>/...``, the best member's objective as
