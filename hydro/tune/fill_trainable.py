@@ -15,7 +15,8 @@ BubbleScheduler`) it moves to a dedicated worker with its exact state; if its ho
 state after its last epoch (batches depend only on (seed, epoch), so the replay is identical). A fill whose
 own code raised fails its live members with the fill's exception (its traceback in the trial's
 ``hydro_traceback``), not retried: it would raise again; a fill process that was killed (e.g. by the OOM killer),
-exited or hangs raises :class:`FillTrialLost` to Tune, which retries the trial from its last checkpoint.
+exited or hangs, or a fill that ran out of memory or met only bubbles too short for one of its layers, raises
+:class:`FillTrialLost` to Tune, which retries the trial from its last checkpoint.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from ray import tune
 
 from hydro.bubbles.fill_process import EpochResult
 from hydro.bubbles.fit import member_bytes
+from hydro.bubbles.gate import UnitNeverFits
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.spec import TuneSpec
 from hydro.tune.bubble_service import SERVICE_NAME, unit_key
@@ -43,6 +45,9 @@ STATE_FILE = "hydro_fill_units.pt"
 
 
 RAISED = "the fill trial raised in its process"  # how hydro.bubbles.fill_process words a fill whose code raised
+# Raised in a fill because of where and when it ran, not by its code (a retry, elsewhere or later, can succeed), as
+# their tracebacks name them: a unit longer than the bubbles seen so far, out of memory.
+CIRCUMSTANTIAL = tuple(f"{error.__module__}.{error.__qualname__}" for error in (UnitNeverFits, torch.OutOfMemoryError))
 
 
 class FillTrialError(TrialFailed):
@@ -51,7 +56,8 @@ class FillTrialError(TrialFailed):
 
 
 class FillTrialLost(TrialLost):
-    """A fill trial's process was killed, exited or hangs (or ran out of memory); the message carries the cause."""
+    """A fill trial's process was killed, exited or hangs, or it raised one of the :data:`CIRCUMSTANTIAL` errors;
+    the message carries the cause."""
 
 
 def _fill_failure(members: list[str], slot: str, cause: str, started: bool = True) -> FillTrialError | FillTrialLost:
@@ -59,7 +65,7 @@ def _fill_failure(members: list[str], slot: str, cause: str, started: bool = Tru
     where = f"the fill trial of members {', '.join(members)} {'failed' if started else 'could not start'} on {slot}"
     lines = cause.strip().splitlines()
     exception = lines[-1].strip() if RAISED in cause and lines else ""  # the last line of the fill's traceback
-    if not exception or "OutOfMemoryError" in exception.split(":", 1)[0]:
+    if not exception or exception.split(":", 1)[0] in CIRCUMSTANTIAL:
         return FillTrialLost(f"{where}: {cause}")
     return FillTrialError(f"{exception} ({where}: {RAISED})", f"{where}: {cause}")
 
