@@ -150,7 +150,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
         raise TuningFailed(failure_summary(results, hydro_searcher.rejected_members()), results, hydro_searcher)
     causes = failures(results, hydro_searcher.rejected_members())
     if causes:
-        logger.warning("hydro: %d members failed (not retried when their own code raised): %s",
+        logger.warning("hydro: %d members failed: %s",
                        sum(map(len, causes.values())),
                        "; ".join(f"{cause} (members {', '.join(members)})" for cause, members in causes.items()))
     return results, hydro_searcher
