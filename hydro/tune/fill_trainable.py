@@ -12,8 +12,11 @@ another fused trial (a second *unit* of the same Tune trial, placed on its own s
 epoch's report. A unit moves without loss: when its pipeline job ends it continues elsewhere from the exact
 state the job handed back; when the scheduler promotes the trial (:class:`~hydro.tune.bubble_scheduler.
 BubbleScheduler`) it moves to a dedicated worker with its exact state; if its host dies it resumes from the
-state after its last epoch (batches depend only on (seed, epoch), so the replay is identical). A fill that
-raises, crashes or hangs fails the Tune trial with the fill's own cause; its last checkpoint stays.
+state after its last epoch (batches depend only on (seed, epoch), so the replay is identical). A fill whose
+own code raised fails its live members with the fill's exception (its traceback in the trial's
+``hydro_traceback``), not retried: it would raise again; a fill process that was killed (e.g. by the OOM killer),
+exited or hangs, or a fill that ran out of memory or met only bubbles too short for one of its layers, raises
+:class:`FillTrialLost` to Tune, which retries the trial from its last checkpoint.
 """
 from __future__ import annotations
 
@@ -29,19 +32,42 @@ from ray import tune
 
 from hydro.bubbles.fill_process import EpochResult
 from hydro.bubbles.fit import member_bytes
+from hydro.bubbles.gate import UnitNeverFits
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.spec import TuneSpec
 from hydro.tune.bubble_service import SERVICE_NAME, unit_key
 from hydro.tune.pipeline_job import pickled_workload
-from hydro.tune.session import MemberSession
+from hydro.tune.session import MemberSession, TrialFailed, TrialLost
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "hydro_fill_units.pt"
 
 
-class FillTrialError(RuntimeError):
-    """A fill trial failed on its host; the message carries the fill's own cause."""
+RAISED = "the fill trial raised in its process"  # how hydro.bubbles.fill_process words a fill whose code raised
+# Raised in a fill because of where and when it ran, not by its code (a retry, elsewhere or later, can succeed), as
+# their tracebacks name them: a unit longer than the bubbles seen so far, out of memory.
+CIRCUMSTANTIAL = tuple(f"{error.__module__}.{error.__qualname__}" for error in (UnitNeverFits, torch.OutOfMemoryError))
+
+
+class FillTrialError(TrialFailed):
+    """A fill trial's own code raised in its process: the fill's exception in one line; ``details``: its
+    traceback."""
+
+
+class FillTrialLost(TrialLost):
+    """A fill trial's process was killed, exited or hangs, or it raised one of the :data:`CIRCUMSTANTIAL` errors;
+    the message carries the cause."""
+
+
+def _fill_failure(members: list[str], slot: str, cause: str, started: bool = True) -> FillTrialError | FillTrialLost:
+    """The error of the fill trial of ``members`` on ``slot`` that failed with ``cause`` (the host's words)."""
+    where = f"the fill trial of members {', '.join(members)} {'failed' if started else 'could not start'} on {slot}"
+    lines = cause.strip().splitlines()
+    exception = lines[-1].strip() if RAISED in cause and lines else ""  # the last line of the fill's traceback
+    if not exception or exception.split(":", 1)[0] in CIRCUMSTANTIAL:
+        return FillTrialLost(f"{where}: {cause}")
+    return FillTrialError(f"{exception} ({where}: {RAISED})", f"{where}: {cause}")
 
 
 def bubble_trainable(spec: TuneSpec, poll_s: float = 0.02) -> Callable[[dict], None]:
@@ -66,13 +92,10 @@ class _Unit:
 
 
 class _Proxy:
-    def __init__(self, spec: TuneSpec, config: dict, poll_s: float) -> None:
-        self.spec, self.poll_s = spec, poll_s
+    def __init__(self, spec: TuneSpec, session: MemberSession, states: list[dict], poll_s: float) -> None:
+        self.spec, self.session, self.poll_s = spec, session, poll_s
         self.service = ray.get_actor(SERVICE_NAME)
         self.trial_id = tune.get_context().get_trial_id()
-        states = _restored_states()
-        ids = [m for s in states for m in s["trial"]["member_ids"]] if states else None
-        self.session = MemberSession(config, spec.metric, spec.mode, ids)
         self.plan: TrialPlan = self.session.plan
         self.workload = pickled_workload(spec)
         self.dedicated_only = self.plan.kind != TrialKind.SURROGATE  # the target trains on a dedicated worker
@@ -80,7 +103,7 @@ class _Proxy:
         self.need = member_bytes(spec, first, self.plan.scale, self.plan.mup, spec.load_data())
         self.units = ([_Unit(unit_key(self.trial_id, i), list(s["trial"]["member_ids"]), s) for i, s in enumerate(states)]
                       if states else [_Unit(unit_key(self.trial_id, 0), list(self.session.member_ids))])
-        self.epoch = max((s["trial"]["epoch"] for s in states), default=0) if states else 0
+        self.epoch = session.epoch
         self.decided: dict[str, list[str]] = {}  # unit key -> its members that went on after ``self.epoch``
 
     def run(self) -> None:
@@ -111,8 +134,7 @@ class _Proxy:
             self._lost(unit)
             return
         if status is not None and "failed" in status:
-            raise FillTrialError(f"the fill trial of members {unit.member_ids} failed on {unit.slot['slot']}: "
-                                 f"{status['failed']}")
+            raise _fill_failure(unit.member_ids, unit.slot["slot"], status["failed"])
         if status is not None and status["result"] is not None and unit.result is None:
             result = status["result"]
             if result.epoch <= self.epoch:  # replayed after a move: it was decided already
@@ -141,8 +163,7 @@ class _Proxy:
             self.service.slot_lost.remote(slot["slot"])
             return
         except ray.exceptions.RayTaskError as error:
-            raise FillTrialError(f"the fill trial of members {unit.member_ids} could not start on "
-                                 f"{slot['slot']}: {error.cause}") from None
+            raise _fill_failure(unit.member_ids, slot["slot"], str(error.cause), started=False) from None
         unit.slot, unit.host = slot, host
         if len(kept) < len(unit.member_ids):  # the slot holds fewer: the rest start another fused trial
             rest = unit.member_ids[len(kept):]
@@ -182,8 +203,7 @@ class _Proxy:
             self._lost(unit)
             return
         if "failed" in answer:
-            raise FillTrialError(f"the fill trial of members {unit.member_ids} failed on {unit.slot['slot']}: "
-                                 f"{answer['failed']}")
+            raise _fill_failure(unit.member_ids, unit.slot["slot"], answer["failed"])
         unit.state, unit.result, unit.member_ids = answer["state"], None, list(keep)  # the state: all after the last
         if not keep:  # its members are done: free the slot
             unit.done = True
@@ -198,8 +218,7 @@ class _Proxy:
     def _moved(self, unit: _Unit, handed: dict | None) -> None:
         """The unit left its slot with ``handed`` (exact state; else it resumes from its last state)."""
         if handed is not None and "failed" in handed:
-            raise FillTrialError(f"the fill trial of members {unit.member_ids} failed on {unit.slot['slot']}: "
-                                 f"{handed['failed']}")
+            raise _fill_failure(unit.member_ids, unit.slot["slot"], handed["failed"])
         if handed is not None:
             unit.state = handed["state"]
             unit.member_ids = list(unit.state["trial"]["member_ids"])
@@ -220,7 +239,12 @@ def bubble_fill(spec: TuneSpec):
 
 def run_bubble_trial(spec: TuneSpec, config: dict, poll_s: float) -> None:
     """Train the trial described by ``config`` on fill hosts, reporting per member every epoch."""
-    _Proxy(spec, config, poll_s).run()
+    states = _restored_states()
+    ids = [m for s in states for m in s["trial"]["member_ids"]] if states else None
+    epoch = max((s["trial"]["epoch"] for s in states), default=0)
+    session = MemberSession(config, spec.metric, spec.mode, ids, epoch)
+    with session.failing():  # an error of the trial's own code (the fill's included) fails its members, no retry
+        _Proxy(spec, session, states, poll_s).run()
 
 
 def _restored_states() -> list[dict]:

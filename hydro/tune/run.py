@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Sequence
 
@@ -18,11 +19,13 @@ from hydro.tune.energy_scheduler import for_hydro
 from hydro.tune.fill_trainable import bubble_fill
 from hydro.tune.progress import MemberProgress, show_progress
 from hydro.tune.random_search import RandomSearch
-from hydro.tune.results import failure_summary, write_results
+from hydro.tune.results import failure_summary, failures, write_results
 from hydro.tune.searcher import HydroSearcher
 from hydro.tune.trainable import trainable, trial_resources
 
 NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
+
+logger = logging.getLogger(__name__)
 
 
 def asha(spec: TuneSpec) -> ASHAScheduler:
@@ -91,7 +94,9 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
     process before any trial starts. ``verbose``: 0 silent, 1 member
     progress (logger ``hydro.tune.progress``), 2 also Ray's trial table. ``max_failures``: retries of a trial
-    that crashed (deterministic errors, e.g. a member that cannot be built, are not retried). ``energy``:
+    whose process was lost (killed, e.g. by the OOM killer; a lost node; a hung fill); an exception of the trial's
+    own code (building or training its members) fails its live members without a retry, and the run logs a
+    summary of the members that failed and why. ``energy``:
     energy-tune the trials (:func:`hydro.tune.energy_scheduler.for_hydro` schedules them). ``bubbles``: the fused
     trials run in the bubbles of the pipeline jobs registered with the cluster's placement service (late-stage
     trials and the target on its dedicated workers; see :mod:`hydro.tune.fill_trainable`).
@@ -143,4 +148,9 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     _, best = write_results(results, spec)
     if best is None:
         raise TuningFailed(failure_summary(results, hydro_searcher.rejected_members()), results, hydro_searcher)
+    causes = failures(results, hydro_searcher.rejected_members())
+    if causes:
+        logger.warning("hydro: %d members failed: %s",
+                       sum(map(len, causes.values())),
+                       "; ".join(f"{cause} (members {', '.join(members)})" for cause, members in causes.items()))
     return results, hydro_searcher

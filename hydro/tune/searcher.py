@@ -285,8 +285,14 @@ class HydroSearcher(Searcher):
 
     def _search_scores(self) -> dict[str, Score]:
         """Each finished search configuration's score over its finished seeds."""
-        return scores_of((_config_id(m), (r or {}).get(self.spec.metric)) for m, r in self.state.ledger.finished.items()
+        return scores_of((_config_id(m), self._final_value(m)) for m in self.state.ledger.finished
                          if _is_search_member(m))
+
+    def _final_value(self, member: str) -> float | None:
+        """A finished member's final objective; ``None`` for a failed member (its last result before the error
+        does not make its configuration a candidate for the transfer stages: it would fail there again)."""
+        ledger = self.state.ledger
+        return None if member in ledger.failed else (ledger.finished[member] or {}).get(self.spec.metric)
 
     def _transfer_trial(self, trial_id: str) -> dict | None:
         """The next trial of the transfer stages, or ``None`` (waiting for a stage, or all started)."""
@@ -327,8 +333,7 @@ class HydroSearcher(Searcher):
                 finished = self.state.ledger.finished
                 if any(m not in finished for m in transfer.members):
                     return
-                transfer.stages.append(scores_of((_config_id(m), (finished[m] or {}).get(self.spec.metric))
-                                                 for m in transfer.members))
+                transfer.stages.append(scores_of((_config_id(m), self._final_value(m)) for m in transfer.members))
         transfer.rung = self.transfer.next_rung(transfer.stages)
         if transfer.rung is None:
             self._finish_transfer()

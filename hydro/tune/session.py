@@ -12,12 +12,18 @@ In a Ray Tune function trainable started by a ``HydroSearcher``::
         session.report(checkpoint=...)                    # one tune.report with every member's results
         if not keep:
             break
+
+An exception of the trial's own code (building or training its members: the user's model, loss, data) would
+raise again if Tune retried the trial: ``MemberSession.failing()`` turns it into failed members (``fail``) instead;
+a lost process, node or actor, or out of memory, still reaches Tune, which retries it (``FailureConfig``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
 
 import ray
 import torch
@@ -31,21 +37,47 @@ from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS
 logger = logging.getLogger(__name__)
 
 MEMBERS_KEY = "members"
-ERROR_KEY = "hydro_error"  # a trial that could not train its members: the cause (its members failed)
+ERROR_KEY = "hydro_error"  # a trial that could not train its members: the cause, one line (its members failed)
+TRACEBACK_KEY = "hydro_traceback"  # ... and the traceback of that cause
 MEMBER_ONLY = ("done", "stopped", "epoch", "training_iteration")  # per-member bookkeeping, not trial metrics
+
+
+class TrialLost(RuntimeError):
+    """The trial's work was lost, not failed by its own code (its process was killed, e.g. by the OOM killer, or
+    hangs): a retry can succeed, so it is raised to Tune."""
+
+
+class TrialFailed(RuntimeError):
+    """The trial's own code raised where the exception itself cannot travel (a fill trial's process): the
+    message is the cause in one line, ``details`` its traceback."""
+
+    def __init__(self, cause: str, details: str) -> None:
+        super().__init__(cause)
+        self.details = details
+
+
+def repeats(error: BaseException) -> bool:
+    """Whether ``error`` would repeat if its trial were retried: a Python exception of the trial's own code. Not
+    Ray's errors (a lost worker, actor, node or object), a :class:`TrialLost`, nor running out of memory (the
+    trial already split its members down to one; what else uses the GPU varies)."""
+    return isinstance(error, Exception) and not isinstance(error, (ray.exceptions.RayError, TrialLost,
+                                                                   torch.OutOfMemoryError))
 
 
 class MemberSession:
     """The members of this trial (``member_ids``/``configs``, in fused order; ``scale``, ``mup`` from the
-    trial's plan), their early-stopping decisions and their per-member reports."""
+    trial's plan), their early-stopping decisions and their per-member reports. A restored trial passes its
+    surviving ``member_ids`` and the ``epoch`` it resumes after."""
 
-    def __init__(self, config: Mapping, metric: str, mode: str, member_ids: Sequence[str] | None = None) -> None:
+    def __init__(self, config: Mapping, metric: str, mode: str, member_ids: Sequence[str] | None = None,
+                 epoch: int = 0) -> None:
         self.plan: TrialPlan = plan_of(config)
         self.metric, self.mode = metric, mode
         self._configs = dict(self.plan.members)
         self.member_ids = list(member_ids) if member_ids is not None else list(self._configs)
         self._service = lookup_service(self.plan.decisions) if self.plan.decisions else None
         self._pending: dict | None = None
+        self.epoch = epoch  # the last epoch stepped
 
     @property
     def configs(self) -> list[dict]:
@@ -73,6 +105,7 @@ class MemberSession:
                 result.update(dict.fromkeys(metrics, math.nan))  # diverged: e.g. the accuracy of NaN logits is noise
             result.update(epoch=epoch, training_iteration=epoch)
         self._names = [*metrics, "epoch", "training_iteration"]
+        self.epoch = epoch
         objective = {m: r[self.metric] for m, r in results.items()}
         stop = set(ray.get(self._service.decide.remote(epoch, objective, final))) if self._service else set()
         for member, result in results.items():
@@ -89,15 +122,30 @@ class MemberSession:
         tune.report(self._pending, checkpoint=checkpoint)
         self._pending = None
 
+    @contextlib.contextmanager
+    def failing(self) -> Iterator[None]:
+        """Run the trial's code: an exception that would :func:`repeat <repeats>` ends the trial with its live
+        members failed (:meth:`fail`) instead of reaching Tune; any other error is raised (Tune retries it)."""
+        try:
+            yield
+        except Exception as error:
+            if not repeats(error):
+                raise
+            self.fail(error)
+
     def fail(self, error: BaseException) -> None:
-        """Report that this trial's members cannot train (a deterministic error, e.g. building them): the trial
-        ends with ``hydro_error`` set instead of raising, so Tune's ``FailureConfig`` does not retry what would
-        fail the same way again, and the searcher counts its members as failed. A plain trial raises ``error``."""
+        """Report that this trial's live members cannot train on (a deterministic error, when building them or at
+        any epoch): the trial ends with ``hydro_error`` (the cause, one line) and ``hydro_traceback`` set instead of
+        raising, so Tune's ``FailureConfig`` does not retry what would fail the same way again; the searcher
+        counts these members as failed, with the results they reported before. A plain trial raises ``error``."""
         if self.plan.kind == TrialKind.PLAIN:
             raise error
-        logger.error("hydro: trial %s cannot train its members: %s", self.plan, describe(error))
-        tune.report({"epoch": 0, "hydro_kind": self.plan.kind.value, "live_members": 0, self.metric: math.nan,
-                     ERROR_KEY: describe(error)})
+        cause = str(error) if isinstance(error, TrialFailed) else describe(error)
+        details = error.details if isinstance(error, TrialFailed) else "".join(traceback.format_exception(error))
+        logger.error("hydro: members %s failed after epoch %d, not retried (their trial's own code raised; the "
+                     "traceback is the trial's %s): %s", ", ".join(self.member_ids), self.epoch, TRACEBACK_KEY, cause)
+        tune.report({"epoch": self.epoch, "hydro_kind": self.plan.kind.value, "live_members": 0,
+                     self.metric: math.nan, ERROR_KEY: cause, TRACEBACK_KEY: details})
 
     def _trial_result(self, results: dict[str, dict], epoch: int, live: int, extra: dict) -> dict:
         """Surrogates: per-member results under ``members/<id>/...``, the best member's objective as

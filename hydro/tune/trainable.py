@@ -8,7 +8,9 @@ optimizer, except the target of a shrunk (µP) run: ``hydro.shrink(model, 1)`` w
 ``hydro.optim`` optimizer, which applies the µP multipliers. Every ``TuneSpec.checkpoint_every`` epochs,
 and after the last, a checkpoint holds the unit's state (member weights, optimizer state, surviving member
 ids, epoch, RNG state), so a retried or restored trial resumes from there: it replays the epochs after it exactly
-(same batches, same decisions), and the searcher keeps the first report of each member's epoch.
+(same batches, same decisions), and the searcher keeps the first report of each member's epoch. An exception
+of the trial's own code (the user's model, loss or data, building the members) fails its live members with that
+cause instead of reaching Tune (it would raise again on a retry); a killed worker is retried.
 """
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ from ray import tune
 
 from hydro.energy.observer import EnergyObserver
 from hydro.energy.tuning import EnergySettings, trial_observer
-from hydro.trial.check import CONFIG_ERRORS
 from hydro.trial.data import DataSource
 from hydro.trial.device import resolve_device
 from hydro.trial.fusion import fusion_in_trial
@@ -83,35 +84,35 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
     (default: ``spec.load_data()``), on the device of ``TuneSpec.device`` given the GPUs Ray assigned. With
     ``energy``, an :class:`~hydro.energy.observer.EnergyObserver` measures it: each member reports its
     ``energy_j``/``cost`` share, the trial its totals and ``member_epoch_cost``."""
-    gpu_ids = ray.get_gpu_ids()
-    device = resolve_device(spec.device, gpu_ids)
-    budget = _gpu_share_bytes(spec, device)
-    data = data if data is not None else spec.load_data()
     state = _restored_state()
-    session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None)
-    plan, fusion = session.plan, None
-    if plan_fusion and plan.fused and not state:  # a restored trial takes the chunks of its checkpoint
-        fusion = fusion_in_trial(spec, plan.members[0][1], plan.scale, data, len(session.member_ids), device, budget)
-    try:
+    session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None,
+                            state["epoch"] if state else 0)
+    with session.failing():  # an error of the trial's own code fails its members; it is not retried
+        gpu_ids = ray.get_gpu_ids()
+        device = resolve_device(spec.device, gpu_ids)
+        budget = _gpu_share_bytes(spec, device)
+        data = data if data is not None else spec.load_data()
+        plan, fusion = session.plan, None
+        if plan_fusion and plan.fused and not state:  # a restored trial takes the chunks of its checkpoint
+            fusion = fusion_in_trial(spec, plan.members[0][1], plan.scale, data, len(session.member_ids), device,
+                                     budget)
         trial = FusedTrial(spec, plan, data, member_ids=session.member_ids, device=device,
                            memory_budget_bytes=budget, fusion=fusion)
-    except CONFIG_ERRORS as error:  # deterministic: reported as failed members, not raised for Tune to retry
-        session.fail(error)
-        return
-    if trial.fallback:
-        logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids), trial.fallback)
-    if state:
-        trial.load_state_dict(state)
-    meter = None if energy is None else trial_observer(energy, trial).start()
-    try:
-        if meter is not None:
-            trial.observers.append(meter)
-            if state and "energy" in state:
-                meter.load_state_dict(state["energy"])
-        _train(spec, trial, session, meter, gpu_ids)
-    finally:
-        if meter is not None:
-            meter.close()
+        if trial.fallback:
+            logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids),
+                           trial.fallback)
+        if state:
+            trial.load_state_dict(state)
+        meter = None if energy is None else trial_observer(energy, trial).start()
+        try:
+            if meter is not None:
+                trial.observers.append(meter)
+                if state and "energy" in state:
+                    meter.load_state_dict(state["energy"])
+            _train(spec, trial, session, meter, gpu_ids)
+        finally:
+            if meter is not None:
+                meter.close()
 
 
 def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: EnergyObserver | None,

@@ -1,7 +1,8 @@
 """Hydro's own trials in pipeline bubbles on a local Ray cluster: a HydroSearcher run on a user TuneSpec with a
 running 2-stage pipeline job. Members train in bubbles and end bit-identical to training alone; members that do
 not fit a bubble start another fused trial; late-stage trials and the target move to the dedicated worker; job
-end and host death move members on without loss; a failing fill fails its Tune trial with its own cause."""
+end and host death move members on without loss; a fill whose code raises fails its members once with its own
+cause (not retried); a fill process SIGKILLed (as by the OOM killer) is retried and its members end exactly."""
 import threading
 from pathlib import Path
 
@@ -15,10 +16,12 @@ from hydro.trial.plan import plan_of
 from hydro.trial.unit import FusedTrial
 from hydro.tune.bubble_service import placement_service
 from hydro.tune.fill_trainable import STATE_FILE
+from hydro.tune.fill_trainable import RAISED
 from hydro.tune.pipeline_job import PipelineJob, start_dedicated_hosts
-from hydro.tune.run import TuningFailed, fit
+from hydro.tune.results import member_table
+from hydro.tune.run import fit
 from tests.bubbles.workload import same_members, spec
-from tests.tune.workload import SPACE
+from tests.tune.workload import SPACE, FaultAtEpoch, Recoveries, faults
 
 PIPELINE = PipelineSpec(width=128, depth=6, microbatches=4, microbatch_size=16)
 EPOCHS = 3
@@ -76,7 +79,16 @@ def _fit(tmp_path: Path, name: str, **overrides):
 
 
 def _check_exact(result) -> list[str]:
-    """Every unit of the trial ended exactly as its members trained alone; returns the slots it visited."""
+    """Every unit of the trial ended exactly as its members trained alone, every epoch reported once; returns the
+    slots it visited."""
+    _check_states(result)
+    history = result.metrics_dataframe
+    assert list(history["epoch"]) == list(range(1, EPOCHS + 1))  # every epoch reported once
+    return [slot for slots in history["slots"] for slot in slots.split(",")]
+
+
+def _check_states(result) -> None:
+    """Every unit of the trial ended exactly as its members trained alone."""
     assert result.error is None, result.error
     states = torch.load(Path(result.checkpoint.path) / STATE_FILE, weights_only=False)
     trial_plan = plan_of(result.config)
@@ -92,9 +104,6 @@ def _check_exact(result) -> list[str]:
         finally:
             torch.set_num_threads(threads)
         assert same_members(state, alone)
-    history = result.metrics_dataframe
-    assert list(history["epoch"]) == list(range(1, EPOCHS + 1))  # every epoch reported once
-    return [slot for slots in history["slots"] for slot in slots.split(",")]
 
 
 def test_hydro_trials_fill_bubbles_exactly_overflow_into_another_fused_trial_and_move_to_dedicated(service, tmp_path):
@@ -150,17 +159,31 @@ def _epochs_done(run: Path) -> int:
     return max((len(p.read_text().splitlines()) - 1 for p in progress), default=0)
 
 
-def test_a_failing_fill_fails_its_tune_trial_with_the_real_cause(service, tmp_path):
-    job = RunningJob(service, "faulty")
+@pytest.mark.parametrize("fault", ["raise", "kill_once"])
+def test_a_fill_that_raises_fails_its_members_once_and_a_killed_fill_is_retried(service, tmp_path, caplog, fault):
+    log = str(tmp_path / "faults")
+    tune_spec = spec(epochs=EPOCHS, loss=FaultAtEpoch(2, log, fault), checkpoint_every=1)  # in epoch 2's first batch
+    job, recoveries = RunningJob(service, "faulty"), Recoveries()
     try:
-        with pytest.raises(TuningFailed, match="ZeroDivisionError: fault injected") as failed:  # every member failed
-            fit(spec(epochs=EPOCHS, fault="raise", at=12), SPACE, num_samples=2, fusion=2, transfer_fraction=None,
-                storage_path=str(tmp_path), name="faulty", verbose=0, max_failures=0, bubbles=True)
+        results, _ = fit(tune_spec, SPACE, num_samples=2, fusion=2, transfer_fraction=None, storage_path=str(tmp_path),
+                         name="faulty", verbose=0, max_failures=1, bubbles=True, callbacks=[recoveries])
     finally:
         job.end()
-    (result,) = failed.value.results
-    assert result.error is not None and "ZeroDivisionError: fault injected" in str(result.error)
     assert job.iterations > 0 and all(s["trial"] is None for s in ray.get(service.slots.remote()))
+    (result,) = results
+    assert result.error is None
+    table = member_table(results, tune_spec)
+    if fault == "raise":  # raised once, not retried: its members failed with the cause, their epoch 1 kept
+        assert len(faults(log)) == 1 and recoveries.recovered == []
+        assert result.metrics["hydro_error"].startswith("ZeroDivisionError: fault injected by the test's loss in "
+                                                        "epoch 2 (the fill trial of members m00000, m00001 failed on ")
+        assert RAISED in result.metrics["hydro_traceback"]
+        assert table["error"].all() and (table["epochs"] == 1).all()
+        assert "hydro: 2 members failed: ZeroDivisionError" in caplog.text
+    else:  # killed, retried from its epoch-1 checkpoint in a new fill process, ends as if trained alone
+        assert len(set(faults(log))) == 2 and len(recoveries.recovered) == 1
+        _check_states(result)  # (not its history: Ray restores a retried trial's result.json from its last sync)
+        assert not table["error"].any() and (table["epochs"] == EPOCHS).all()
 
 
 def test_cli_bubbles_is_refused_without_a_cluster_whose_jobs_registered_bubbles(monkeypatch):

@@ -1,7 +1,8 @@
 """Bad members and bad set-ups on a real local Ray cluster, through ``tune.Tuner`` as a Ray user writes it: a
 Tune scheduler given to Tune is refused at start; invalid members are rejected before their trial (the inner
-searcher hears they failed) while their siblings train; a fused trial that cannot be built ends once, not
-retried; a NaN member is stopped by per-member ASHA on a loss metric; trial directories stay short."""
+searcher hears they failed) while their siblings train; a fused trial that cannot be built, or whose loss raises
+mid-training, ends once, not retried, its members failed with the cause and their earlier epochs kept; a NaN
+member is stopped by per-member ASHA on a loss metric; trial directories stay short."""
 from __future__ import annotations
 
 import math
@@ -13,15 +14,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from hydro.tune import HydroSearcher, member_table, trainable
 from tests.tune.test_searcher import Scripted
-from tests.tune.workload import SPACE, mlp_or_untraceable, spec
-
-
-class Recoveries(tune.Callback):
-    def __init__(self):
-        self.recovered = []
-
-    def on_trial_recover(self, iteration, trials, trial, **info):
-        self.recovered.append(trial.trial_id)
+from tests.tune.workload import SPACE, FaultAtEpoch, Recoveries, faults, mlp_or_untraceable, spec
 
 
 class ValLoss(Scripted):
@@ -73,6 +66,35 @@ def test_bad_members_fail_alone_and_nan_members_stop_on_a_loss_metric(ray_cluste
     # Trial directories are named after the plan, not every member's configuration.
     names = [d for d in os.listdir(results.experiment_path) if d.startswith("hydro_trial")]
     assert len(names) == 2 and all("hydro=surrogate_m0000" in n and "lr=" not in n for n in names), names
+
+
+def test_a_loss_that_raises_mid_training_fails_its_members_once_with_the_cause_and_siblings_go_on(ray_cluster,
+                                                                                                  tmp_path):
+    log = str(tmp_path / "faults")
+    workload = spec(epochs=3, loss=FaultAtEpoch(2, log), checkpoint_every=1)  # raises in epoch 2 at batch size 32
+    inner = Scripted([{"lr": 0.1, "momentum": 0.0, "batch_size": b} for b in (32, 32, 16, 16)])
+    searcher = HydroSearcher(workload, inner, num_samples=4, fusion=2, transfer_fraction=None)
+    recoveries = Recoveries()
+    results = tune.Tuner(
+        trainable(workload), param_space={},
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, metric="val_acc", mode="max"),
+        run_config=tune.RunConfig(name="raises", storage_path=str(tmp_path), verbose=0, callbacks=[recoveries],
+                                  failure_config=tune.FailureConfig(max_failures=1))).fit()
+    # Raised once in all processes, not retried; the trial ends with the cause instead of a Tune error.
+    assert len(faults(log)) == 1 and recoveries.recovered == [] and not results.errors
+    failed = next(r for r in results if r.metrics.get("hydro_error"))
+    assert failed.metrics["hydro_error"] == "ZeroDivisionError: fault injected by the test's loss in epoch 2"
+    assert "Traceback" in failed.metrics["hydro_traceback"] and "in __call__" in failed.metrics["hydro_traceback"]
+    # Its members failed with their epoch-1 results (the inner searcher heard them once); their siblings of the
+    # other trial (batch size 16) trained to the end.
+    completed = {member: (value, error) for member, value, error in inner.completed}
+    assert sorted(completed) == [f"m0000{i}" for i in range(4)]
+    assert all(completed[m][1] and math.isfinite(completed[m][0]) for m in ("m00000", "m00001"))
+    assert all(not completed[m][1] and math.isfinite(completed[m][0]) for m in ("m00002", "m00003"))
+    assert searcher.member_results()["m00000"]["epoch"] == 1
+    table = member_table(results, workload).set_index("member")
+    assert table.loc[["m00000", "m00001"], "error"].all() and (table.loc[["m00000", "m00001"], "epochs"] == 1).all()
+    assert not table.loc[["m00002", "m00003"], "error"].any() and (table.loc[["m00002", "m00003"], "epochs"] == 3).all()
 
 
 def test_a_tune_scheduler_given_to_tune_is_refused_at_start(ray_cluster, tmp_path):

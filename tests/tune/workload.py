@@ -1,6 +1,10 @@
-"""A tiny plain-torch workload for the tuner tests (a 64-16-10 MLP on a slice of scikit-learn's digits), and a
-custom training loop reporting through MemberSession."""
+"""A tiny plain-torch workload for the tuner tests (a 64-16-10 MLP on a slice of scikit-learn's digits), a loss
+that fails on purpose at a given epoch, and a custom training loop reporting through MemberSession."""
 from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
 
 import torch
 from ray import tune
@@ -11,6 +15,7 @@ from hydro.examples.data import digits
 from hydro.examples.models import MLP
 from hydro.loss import trial_losses
 from hydro.optim import SGD
+from hydro.trial.data import batch_order
 from hydro.tune import MemberSession, TuneSpec, accuracy
 from schedulers.member_stopping import StoppingRule
 
@@ -18,6 +23,55 @@ from schedulers.member_stopping import StoppingRule
 def small_digits():
     train, val = digits()
     return (train.x[:320], train.y[:320]), (val.x[:160], val.y[:160])
+
+
+def first_targets(epoch: int, batch_size: int = 32, seed: int = 0) -> torch.Tensor:
+    """The targets of the first training batch of ``epoch`` on ``small_digits`` (a function of (seed, epoch))."""
+    (_, y), _ = small_digits()
+    return y[batch_order(seed, epoch, len(y))[:batch_size]]
+
+
+@dataclass
+class FaultAtEpoch:
+    """Cross-entropy, except on the first training batch of ``epoch`` with ``batch_size`` samples (the same batch in
+    any process, retried or not): there it appends its pid to the file ``log`` and does ``fault``: ``"raise"`` (a
+    ZeroDivisionError, every time) or ``"kill_once"`` (SIGKILLs its own process, as the OOM killer would, the
+    first time only)."""
+
+    epoch: int
+    log: str
+    fault: str = "raise"
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        self.targets = first_targets(self.epoch, self.batch_size).tolist()  # not inside the loss's vmap
+
+    def __call__(self, output, target):
+        if target.tolist() == self.targets:  # (torch.equal has no vmap rule)
+            first = not os.path.exists(self.log)
+            with open(self.log, "a") as f:
+                f.write(f"{os.getpid()}\n")
+            if self.fault == "raise":
+                raise ZeroDivisionError(f"fault injected by the test's loss in epoch {self.epoch}")
+            if first:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return nn.functional.cross_entropy(output, target)
+
+
+def faults(log: str) -> list[int]:
+    """The pids that hit a :class:`FaultAtEpoch` fault, one per hit."""
+    with open(log) as f:
+        return [int(line) for line in f.read().split()]
+
+
+class Recoveries(tune.Callback):
+    """The trials Tune retried (``recovered``: their ids, once per retry)."""
+
+    def __init__(self):
+        self.recovered = []
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self.recovered.append(trial.trial_id)
 
 
 def mlp(config):
