@@ -187,8 +187,9 @@ class ConvergenceStopping(StoppingRule):
     ``1/(β0·k + β1) + β2`` fitted to its scores, :func:`schedulers.prediction.convergence.fit_curve`).
 
     From ``grace_period`` epochs on (at least 3), the member's curve predicts its score at ``max_t`` with a
-    bootstrap standard deviation; it stops when even ``prediction + z·std`` is below the best score any member
-    has reached (``margin`` more, in score units, makes it stop only clear losers). A diverged member
+    standard deviation (bootstrap noise and the curve family's own error); it stops when even
+    ``prediction + z·std`` is below the best score any member has reached (``margin`` more, in score units,
+    makes it stop only clear losers). A diverged member
     (``-inf``) stops once any member has a finite score; every member stops at ``max_t``.
     """
 

@@ -25,7 +25,8 @@ ENERGY_COLUMNS = ("energy_j", "cost")  # each member's share (J) when trials are
 
 def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
     """One row per member: ``member``, ``kind`` (surrogate/target/plain), ``trial`` (the fused trial),
-    ``config/<key>`` values, final metrics, ``epochs`` trained and ``stop_epoch`` (early-stopped members)."""
+    ``config/<key>`` values, final metrics, ``epochs`` trained, ``stop_epoch`` (early-stopped members) and
+    ``error`` (its trial failed while it trained)."""
     rows = []
     for result in results:
         if result.config is None:  # a trial that never reported (e.g. the run was interrupted)
@@ -33,12 +34,12 @@ def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
         plan = plan_of(result.config)
         trial = (result.metrics or {}).get("trial_id", os.path.basename(result.path))
         history = result.metrics_dataframe
+        failed = result.error is not None or bool((result.metrics or {}).get(ERROR_KEY))
         for member, config in plan.members:
             row = {"member": trial if plan.kind == TrialKind.PLAIN else member,
-                   "kind": plan.kind, "trial": trial,
-                   "error": result.error is not None or bool((result.metrics or {}).get(ERROR_KEY)),
-                   **{f"config/{k}": v for k, v in config.items()}}
+                   "kind": plan.kind, "trial": trial, **{f"config/{k}": v for k, v in config.items()}}
             row.update(_final(history, spec, f"{MEMBERS_KEY}/{member}/" if plan.kind == TrialKind.SURROGATE else ""))
+            row["error"] = failed and row["stop_epoch"] is None  # stopped before its trial failed: it finished
             rows.append(row)
     table = pd.DataFrame(rows)
     if not table.empty and spec.metric in table:
@@ -66,12 +67,14 @@ def _final(history: pd.DataFrame | None, spec: TuneSpec, prefix: str) -> dict:
 
 def best_configuration(results: ResultGrid, spec: TuneSpec) -> dict | None:
     """The run's best result: the full-size target's when it trained, else the best member's; its configuration
-    and metrics. ``None`` when no member or target ended with a finite objective (e.g. every member failed)."""
+    and metrics. ``None`` when no member or target ended with a finite objective (e.g. every member failed:
+    a member whose trial failed while it trained has no result, whatever it reported before)."""
     table = member_table(results, spec)
     if table.empty or spec.metric not in table:
         return None
-    finite = table[[isinstance(v, (int, float)) and math.isfinite(v) for v in table[spec.metric]]]
-    if finite.empty:
+    finite = table[[isinstance(v, (int, float)) and math.isfinite(v) and not error
+                    for v, error in zip(table[spec.metric], table["error"])]]  # a failed member's last value
+    if finite.empty:                                                        # is not its result
         return None
     targets = finite[finite["kind"] == TrialKind.TARGET]
     row = (targets if not targets.empty else finite).iloc[0]

@@ -40,7 +40,8 @@ PRIOR_WEIGHT = 2.0
 
 @dataclass(frozen=True)
 class Prediction:
-    """A predicted quantity: ``value`` (the fit's), ``std`` (over bootstrap refits; 0 without)."""
+    """A predicted quantity: ``value`` (the fit's), ``std`` (bootstrap refits combined with the model error on the
+    extrapolated improvement; 0 without)."""
 
     value: float
     std: float

@@ -12,7 +12,7 @@ import pytest
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
-from hydro.tune import HydroSearcher, member_table, trainable
+from hydro.tune import HydroSearcher, best_configuration, member_table, trainable
 from tests.tune.test_searcher import Scripted
 from tests.tune.workload import SPACE, FaultAtEpoch, Recoveries, faults, mlp_or_untraceable, spec
 
@@ -95,6 +95,7 @@ def test_a_loss_that_raises_mid_training_fails_its_members_once_with_the_cause_a
     table = member_table(results, workload).set_index("member")
     assert table.loc[["m00000", "m00001"], "error"].all() and (table.loc[["m00000", "m00001"], "epochs"] == 1).all()
     assert not table.loc[["m00002", "m00003"], "error"].any() and (table.loc[["m00002", "m00003"], "epochs"] == 3).all()
+    assert best_configuration(results, workload)["member"] in ("m00002", "m00003")  # never a failed member
 
 
 def test_a_tune_scheduler_given_to_tune_is_refused_at_start(ray_cluster, tmp_path):
