@@ -15,8 +15,9 @@ BubbleScheduler`) it moves to a dedicated worker with its exact state; if its ho
 state after its last epoch (batches depend only on (seed, epoch), so the replay is identical). A fill whose
 own code raised fails its live members with the fill's exception (its traceback in the trial's
 ``hydro_traceback``), not retried: it would raise again; a fill process that was killed (e.g. by the OOM killer),
-exited or hangs, or a fill that ran out of memory or met only bubbles too short for one of its layers, raises
-:class:`FillTrialLost` to Tune, which retries the trial from its last checkpoint.
+exited or hangs, or a fill that ran out of memory, raises :class:`FillTrialLost` to Tune, which retries the trial
+from its last checkpoint. A fill that met only bubbles too short for one of its units of work (a layer, the loss,
+the optimizer step) moves to a dedicated worker and goes on from the state after its last epoch.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ STATE_FILE = "hydro_fill_units.pt"
 
 RAISED = "the fill trial raised in its process"  # how hydro.bubbles.fill_process words a fill whose code raised
 # Raised in a fill because of where and when it ran, not by its code (a retry, elsewhere or later, can succeed), as
-# their tracebacks name them: a unit longer than the bubbles seen so far, out of memory.
+# their tracebacks name them: out of memory; a unit longer than the bubbles seen so far (moved to a dedicated worker
+# where it is met in a unit, see _Proxy._failed).
 CIRCUMSTANTIAL = tuple(f"{error.__module__}.{error.__qualname__}" for error in (UnitNeverFits, torch.OutOfMemoryError))
 
 
@@ -60,11 +62,20 @@ class FillTrialLost(TrialLost):
     the message carries the cause."""
 
 
+def _fill_exception(cause: str) -> str:
+    """``module.Type: message`` of the exception a fill's own code raised (the last line of its traceback in the
+    host's ``cause``), or ``""`` if the fill did not raise (killed, exited, hangs)."""
+    lines = cause.strip().splitlines()
+    return lines[-1].strip() if RAISED in cause and lines else ""
+
+
+NEVER_FITS = f"{UnitNeverFits.__module__}.{UnitNeverFits.__qualname__}"
+
+
 def _fill_failure(members: list[str], slot: str, cause: str, started: bool = True) -> FillTrialError | FillTrialLost:
     """The error of the fill trial of ``members`` on ``slot`` that failed with ``cause`` (the host's words)."""
     where = f"the fill trial of members {', '.join(members)} {'failed' if started else 'could not start'} on {slot}"
-    lines = cause.strip().splitlines()
-    exception = lines[-1].strip() if RAISED in cause and lines else ""  # the last line of the fill's traceback
+    exception = _fill_exception(cause)
     if not exception or exception.split(":", 1)[0] in CIRCUMSTANTIAL:
         return FillTrialLost(f"{where}: {cause}")
     return FillTrialError(f"{exception} ({where}: {RAISED})", f"{where}: {cause}")
@@ -89,6 +100,7 @@ class _Unit:
         self.host = None
         self.result: EpochResult | None = None
         self.done = False
+        self.dedicated = False  # its units of work are longer than the bubbles it met: dedicated workers only
 
 
 class _Proxy:
@@ -134,7 +146,8 @@ class _Proxy:
             self._lost(unit)
             return
         if status is not None and "failed" in status:
-            raise _fill_failure(unit.member_ids, unit.slot["slot"], status["failed"])
+            self._failed(unit, status["failed"])
+            return
         if status is not None and status["result"] is not None and unit.result is None:
             result = status["result"]
             if result.epoch <= self.epoch:  # replayed after a move: it was decided already
@@ -151,7 +164,7 @@ class _Proxy:
             self._moved(unit, moved)
 
     def _attach(self, unit: _Unit) -> None:
-        slot = ray.get(self.service.place.remote(unit.key, self.need, self.epoch, self.dedicated_only))
+        slot = ray.get(self.service.place.remote(unit.key, self.need, self.epoch, self.dedicated_only or unit.dedicated))
         if slot is None:
             return
         host = ray.get_actor(slot["host"])
@@ -203,13 +216,26 @@ class _Proxy:
             self._lost(unit)
             return
         if "failed" in answer:
-            raise _fill_failure(unit.member_ids, unit.slot["slot"], answer["failed"])
+            self._failed(unit, answer["failed"])
+            return
         unit.state, unit.result, unit.member_ids = answer["state"], None, list(keep)  # the state: all after the last
         if not keep:  # its members are done: free the slot
             unit.done = True
             _quietly(unit.host.detach_fill)
             unit.host, unit.slot = None, None
             self.service.release_unit.remote(unit.key)
+
+    def _failed(self, unit: _Unit, cause: str) -> None:
+        """The unit's fill failed with ``cause``: a unit of work longer than every bubble of its slot moves to a
+        dedicated worker and goes on from its last state (replaying, exactly, what came after it); any other
+        failure ends the Tune trial (see :func:`_fill_failure`)."""
+        if not _fill_exception(cause).startswith(NEVER_FITS + ":"):
+            raise _fill_failure(unit.member_ids, unit.slot["slot"], cause)
+        logger.warning("hydro: the fill trial of members %s does not fit the bubbles of %s (%s); it goes on from its "
+                       "last state on a dedicated worker", ", ".join(unit.member_ids), unit.slot["slot"],
+                       _fill_exception(cause).split(":", 1)[1].strip())
+        self.service.release_unit.remote(unit.key)
+        unit.slot, unit.host, unit.result, unit.dedicated = None, None, None, True
 
     def _lost(self, unit: _Unit) -> None:
         self.service.slot_lost.remote(unit.slot["slot"])
@@ -218,7 +244,8 @@ class _Proxy:
     def _moved(self, unit: _Unit, handed: dict | None) -> None:
         """The unit left its slot with ``handed`` (exact state; else it resumes from its last state)."""
         if handed is not None and "failed" in handed:
-            raise _fill_failure(unit.member_ids, unit.slot["slot"], handed["failed"])
+            self._failed(unit, handed["failed"])
+            return
         if handed is not None:
             unit.state = handed["state"]
             unit.member_ids = list(unit.state["trial"]["member_ids"])

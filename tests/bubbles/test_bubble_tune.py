@@ -19,7 +19,7 @@ from hydro.tune.fill_trainable import STATE_FILE
 from hydro.tune.fill_trainable import RAISED
 from hydro.tune.pipeline_job import PipelineJob, start_dedicated_hosts
 from hydro.tune.results import member_table
-from hydro.tune.run import fit
+from hydro.tune.run import TuningFailed, fit
 from tests.bubbles.workload import same_members, spec
 from tests.tune.workload import SPACE, FaultAtEpoch, Recoveries, faults
 
@@ -160,13 +160,17 @@ def _epochs_done(run: Path) -> int:
 
 
 @pytest.mark.parametrize("fault", ["raise", "kill_once"])
-def test_a_fill_that_raises_fails_its_members_once_and_a_killed_fill_is_retried(service, tmp_path, caplog, fault):
+def test_a_fill_that_raises_fails_its_members_once_and_a_killed_fill_is_retried(service, tmp_path, fault):
     log = str(tmp_path / "faults")
     tune_spec = spec(epochs=EPOCHS, loss=FaultAtEpoch(2, log, fault), checkpoint_every=1)  # in epoch 2's first batch
     job, recoveries = RunningJob(service, "faulty"), Recoveries()
     try:
         results, _ = fit(tune_spec, SPACE, num_samples=2, fusion=2, transfer_fraction=None, storage_path=str(tmp_path),
                          name="faulty", verbose=0, max_failures=1, bubbles=True, callbacks=[recoveries])
+    except TuningFailed as failed:  # every member failed (their epoch-1 values are no result): one summary
+        assert fault == "raise" and "no member ended with a finite objective" in str(failed)
+        assert "2 x ZeroDivisionError: fault injected by the test's loss in epoch 2" in str(failed)
+        results = failed.results
     finally:
         job.end()
     assert job.iterations > 0 and all(s["trial"] is None for s in ray.get(service.slots.remote()))
@@ -179,11 +183,26 @@ def test_a_fill_that_raises_fails_its_members_once_and_a_killed_fill_is_retried(
                                                         "epoch 2 (the fill trial of members m00000, m00001 failed on ")
         assert RAISED in result.metrics["hydro_traceback"]
         assert table["error"].all() and (table["epochs"] == 1).all()
-        assert "hydro: 2 members failed: ZeroDivisionError" in caplog.text
     else:  # killed, retried from its epoch-1 checkpoint in a new fill process, ends as if trained alone
         assert len(set(faults(log))) == 2 and len(recoveries.recovered) == 1
         _check_states(result)  # (not its history: Ray restores a retried trial's result.json from its last sync)
         assert not table["error"].any() and (table["epochs"] == EPOCHS).all()
+
+
+def test_a_fill_longer_than_every_bubble_moves_to_a_dedicated_worker_and_ends_exactly(service, tmp_path):
+    """Its loss burns 0.5 s of CPU once (call 15: epoch 1's training), so that unit then asks the bubbles for
+    more than they ever have: instead of failing, the fill goes on from its last state on a dedicated worker."""
+    job = RunningJob(service, "slowpoke")
+    try:
+        results, _ = fit(spec(epochs=EPOCHS, fault="slow", at=15), SPACE, num_samples=2, fusion=2,
+                         transfer_fraction=None, storage_path=str(tmp_path), name="slowpoke", verbose=0,
+                         max_failures=0, bubbles=True)
+    finally:
+        job.end()
+    (result,) = results
+    # Placed in the job's bubbles first (as in the tests above), it reported every epoch from the dedicated worker
+    # (epoch 1 replayed there from the start), exactly as trained alone, with no Tune retry.
+    assert all(slot.startswith("dedicated/") for slot in _check_exact(result))
 
 
 def test_cli_bubbles_is_refused_without_a_cluster_whose_jobs_registered_bubbles(monkeypatch):

@@ -24,7 +24,8 @@ _calls = [0]
 @dataclass
 class FaultyLoss:
     """Cross-entropy, except that its ``at``-th call in a process does ``fault``: ``"raise"``, ``"kill"``
-    (SIGKILL itself, like the OOM killer) or ``"hang"``."""
+    (SIGKILL itself, like the OOM killer), ``"hang"`` or ``"slow"`` (0.5 s of CPU once: the loss's learned cost
+    then exceeds every bubble of the reference pipeline)."""
 
     fault: str | None = None
     at: int = 0
@@ -38,6 +39,11 @@ class FaultyLoss:
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.fault == "hang":
                 time.sleep(3600)
+            if self.fault == "slow":  # CPU time: what the gate times units in
+                start = time.thread_time()
+                while time.thread_time() - start < 0.5:
+                    pass
+
         return nn.functional.cross_entropy(output, target)
 
 
