@@ -183,6 +183,7 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
             "target": stages[-1][returned].mean, "cost_up_front": policy.describe(len(configs)),
             "trail": [(s, vars(score)) for s, score in policy.trail(stages, returned)],
             "checks": [vars(c) for c in policy.checks(stages)],
+            "regression": None if (r := policy.regression(stages)) is None else vars(r),
             "search_scores": {c: s.mean for c, s in stages[0].items()}}
 
 
@@ -241,7 +242,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         run["shortfall"] = shortfall(spec, run["target"], full[top])
         common = list(configs)
         run["spearman_search_vs_full"] = spearman([run["search_scores"][c] for c in common], [full[c] for c in common])
-        run["low_check"] = any(c["low"] for c in run["checks"])
+        run["low_check"] = any(c["low"] for c in run["checks"]) or run["regression"] is not None
         runs[name] = run
         print(f"[{workload.name}] {name}: {run['seconds']:.0f} s ({run['speedup']:.1f}x), target {run['target']:.4f} "
               f"({run['returned']}), shortfall {run['shortfall']:+.4f}, Spearman {run['spearman_search_vs_full']:.2f}",
@@ -265,12 +266,13 @@ def report(results: dict) -> None:
         print(f"  stock: {stock_res['seconds']:.0f} s, best {stock_res['best_value']:.4f}; its config over "
               f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}")
         print(f"  {'variant':<26} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
-              f"{'Spearman':>8} {'checks (rho)':>14}  trail (scale: score)")
+              f"{'Spearman':>8} {'checks (rho)':>14} {'warns':>5}  trail (scale: score)")
         for variant, run in res["runs"].items():
             checks = ",".join(f"{c['rho']:.2f}" for c in run["checks"] if c["configs"] >= 3) or "-"
             trail = " -> ".join(f"{s}: {v['mean']:.4f}" for s, v in run["trail"])
             print(f"  {variant:<26} {run['seconds']:7.0f} {run['speedup']:7.1f}x {run['target']:8.4f} "
-                  f"{run['shortfall']:+9.4f} {run['config_shortfall']:+7.4f} {run['spearman_search_vs_full']:8.2f} {checks:>14}  {trail}")
+                  f"{run['shortfall']:+9.4f} {run['config_shortfall']:+7.4f} {run['spearman_search_vs_full']:8.2f} {checks:>14} "
+                  f"{'yes' if run['low_check'] else 'no':>5}  {trail}")
 
 
 def plot(results: dict, path: Path) -> None:

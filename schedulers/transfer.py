@@ -11,7 +11,9 @@ different validation optimum and single-seed scores are noisy. Remedies, all dec
 - *top-k targets*: the ``top_k`` best configurations of the last surrogate scale train at full size and the
   best of them on validation is returned;
 - *transfer check*: Spearman rank agreement between consecutive scales over the configurations trained at both
-  (:class:`TransferCheck`), low when below ``min_agreement``.
+  (:class:`TransferCheck`), low when confidently below ``min_agreement``; and the returned configuration's
+  full-size score against its score at the finest surrogate scale (:class:`TargetRegression`): a full-size model
+  that does worse than its own surrogate is the sign of a choice that did not transfer.
 
 Scales are width divisors (1 = full size). Stages are the search (at S) and the stages after it (ladder rungs,
 then full size); decisions take the scores of the finished stages, in order.
@@ -86,6 +88,18 @@ class TransferCheck:
     low: bool
 
 
+@dataclass(frozen=True)
+class TargetRegression:
+    """The returned ``config`` scored ``full_size`` at full size, worse than its ``surrogate`` score at width ÷
+    ``scale`` by ``drop`` (a fraction of the surrogate score)."""
+
+    config: str
+    scale: int
+    surrogate: float
+    full_size: float
+    drop: float
+
+
 ONE_SIDED_95 = 1.6449  # standard normal quantile
 
 
@@ -133,8 +147,10 @@ class TransferPolicy:
     stages start (``None``: no stages, no target); ranked by their final ``metric`` in ``mode``. ``scale``: the
     search's surrogate scale S. ``ladder``: train the best ``1/eta`` at S/2, S/4, ... before full size.
     ``top_k``: configurations trained at full size. ``seeds``: repeats of each configuration in surrogate
-    stages. ``min_agreement``: a transfer check whose Spearman rho is confidently below this is low. An unshrunk search (``scale``
-    1) has nothing to transfer: its one stage re-trains its best configuration at full size.
+    stages. ``min_agreement``: a transfer check whose Spearman rho is confidently below this is low.
+    ``max_target_drop``: a full-size score worse than the same configuration's finest surrogate score by more
+    than this fraction is a :class:`TargetRegression`. An unshrunk search (``scale`` 1) has nothing to transfer:
+    its one stage re-trains its best configuration at full size.
 
     Defaults (the ladder, one full-size target, one seed) are what won ``benchmarks/transfer_fidelity.py``: as
     good as top-2 or seed repeats on its workloads, for less."""
@@ -149,6 +165,7 @@ class TransferPolicy:
     top_k: int = 1
     seeds: int = 1
     min_agreement: float = 0.5
+    max_target_drop: float = 0.01
 
     def __post_init__(self) -> None:
         if self.fraction is not None and not 0 < self.fraction <= 1:
@@ -156,6 +173,8 @@ class TransferPolicy:
         for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2)):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
                 raise ValueError(f"TransferPolicy: {name} must be an int >= {low}, got {getattr(self, name)!r}")
+        if not self.max_target_drop >= 0:
+            raise ValueError(f"TransferPolicy: max_target_drop must be >= 0, got {self.max_target_drop!r}")
         if self.mode not in ("min", "max"):
             raise ValueError(f"TransferPolicy: mode must be 'min' or 'max', got {self.mode!r}")
 
@@ -237,6 +256,20 @@ class TransferPolicy:
             out.append(TransferCheck(coarse, fine, len(common), rho, upper,
                                      math.isfinite(upper) and upper < self.min_agreement))
         return out
+
+    def regression(self, stages: Stages) -> TargetRegression | None:
+        """The returned configuration's full-size score if it is worse than its finest surrogate score by more
+        than ``max_target_drop`` (relative), else ``None``."""
+        config = self.returned(stages)
+        trail = self.trail(stages, config) if config is not None else []
+        if len(trail) < 2 or trail[-1][0] != FULL_SIZE:
+            return None
+        (scale, surrogate), (_, full) = trail[-2], trail[-1]
+        worse = surrogate.mean - full.mean if self.mode == "max" else full.mean - surrogate.mean
+        drop = worse / abs(surrogate.mean) if surrogate.mean else math.copysign(math.inf, worse)
+        if not drop > self.max_target_drop:
+            return None
+        return TargetRegression(config, scale, surrogate.mean, full.mean, drop)
 
     def trail(self, stages: Stages, config: str) -> list[tuple[int, Score]]:
         """``config``'s score at each scale it was trained at, coarse to fine."""

@@ -105,6 +105,28 @@ def test_transfer_check_is_low_only_when_the_disagreement_is_beyond_the_noise_of
     assert rho_upper_bound(0.0, 1003) == pytest.approx(math.tanh(ONE_SIDED_95 * math.sqrt(1 / 1000)))
 
 
+@pytest.mark.parametrize("mode, surrogate, full, drop", [("max", 0.6433, 0.6183, 0.0389),  # resmlp, seed 0
+                                                        ("max", 0.9578, 0.9489, None),    # 0.9%: within 1%
+                                                        ("max", 0.9756, 0.9800, None),    # full size better
+                                                        ("min", 2.40, 2.52, 0.05),       # a loss that rose
+                                                        ("min", 2.53, 2.44, None)])
+def test_a_full_size_target_worse_than_its_surrogate_is_a_regression(mode, surrogate, full, drop):
+    p = policy(scale=4, eta=2, mode=mode)  # ladder: S=4 search, S=2 rung, full size
+    sign = 1 if mode == "max" else -1
+    search = scores_of([("a", sign * 1.0), ("b", sign * 0.5)])
+    stages = [search, scores_of([("a", surrogate)]), scores_of([("a", full)])]
+    regression = p.regression(stages)
+    if drop is None:
+        assert regression is None
+    else:
+        assert (regression.config, regression.scale, regression.surrogate, regression.full_size) == \
+            ("a", 2, surrogate, full)
+        assert regression.drop == pytest.approx(drop, abs=1e-4)
+    assert p.regression(stages[:2]) is None  # no full-size score yet
+    with pytest.raises(ValueError, match="max_target_drop must be >= 0"):
+        policy(max_target_drop=-0.1)
+
+
 def test_spearman_matches_scipy_with_ties():
     a, b = [0.3, 0.1, 0.1, 0.9, 0.5, 0.5], [1.0, 2.0, 2.0, 5.0, 3.0, 4.0]
     assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic)

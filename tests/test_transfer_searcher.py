@@ -73,6 +73,8 @@ def test_seeds_ladder_and_top_k_targets(caplog):
     # A reversal of 3 configurations happens by chance 1 time in 6: reported, but no alarm (too few to judge).
     assert report.endswith("S=8 vs S=4 over 3 configurations: rho -1.00")
     assert report in caplog.text and "transfer check: the rankings" not in caplog.text
+    # The full-size target did worse than its own S=2 surrogate: that is warned about.
+    assert "the returned configuration m00004 scored 0.6 at full size, 1.6% worse than at S=2 (0.61)" in caplog.text
     assert "2×2 seeds at S=2, 2 at full size: about" in caplog.text  # the cost, shown before the stages
 
 

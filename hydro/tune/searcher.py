@@ -364,6 +364,13 @@ class HydroSearcher(Searcher):
                                "hold at full size; use a smaller scale, seeds=, ladder=True or a larger top_k",
                                check.coarse, check.fine, check.rho, check.configs, check.upper,
                                self.transfer.min_agreement)
+        regression = self.transfer.regression(transfer.stages)
+        if regression is not None:
+            logger.warning("transfer check: the returned configuration %s scored %.4g at full size, %.1f%% worse "
+                           "than at S=%d (%.4g): a full-size model should not do worse than its surrogate, so the "
+                           "surrogates' choice may not hold at full size (seen on overfitting workloads); try a "
+                           "smaller scale or top_k=2", regression.config, regression.full_size,
+                           100 * regression.drop, regression.scale, regression.surrogate)
 
     def _forward(self, events) -> None:
         """Tell the inner searcher what the search's configurations did, each under the id of the member it
