@@ -1,5 +1,5 @@
 """Bubble Squeezer: Hydro's fused trials run inside the pipeline bubbles of long-running jobs."""
-from .fill_process import EpochResult, FillFailed, FillProcess, FillTooLarge
+from .fill_process import EpochResult, FailureKind, FillFailed, FillFailure, FillProcess, FillTooLarge
 from .gate import BubbleGate, FillAborted, UnitNeverFits
 from .hooks import Bubble, BubbleListener, BubbleRecorder
 from .host import DedicatedHost, FillHost, SlotMode
@@ -7,6 +7,6 @@ from .layer_gate import LayerGate
 from .schedule import one_f_one_b, simulate
 from .stage import PipelineSpec, PipelineStage
 
-__all__ = ["Bubble", "BubbleGate", "BubbleListener", "BubbleRecorder", "DedicatedHost", "EpochResult", "FillAborted",
-           "FillFailed", "FillHost", "FillProcess", "FillTooLarge", "LayerGate", "PipelineSpec", "PipelineStage",
-           "SlotMode", "UnitNeverFits", "one_f_one_b", "simulate"]
+__all__ = ["Bubble", "BubbleGate", "BubbleListener", "BubbleRecorder", "DedicatedHost", "EpochResult", "FailureKind",
+           "FillAborted", "FillFailed", "FillFailure", "FillHost", "FillProcess", "FillTooLarge", "LayerGate",
+           "PipelineSpec", "PipelineStage", "SlotMode", "UnitNeverFits", "one_f_one_b", "simulate"]

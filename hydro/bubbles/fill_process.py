@@ -20,11 +20,13 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
@@ -46,9 +48,40 @@ class FillTooLarge(MemoryError):
     """Not even one member of the fill trial fits the memory its host can spare; the message gives the numbers."""
 
 
+RAISED = "the fill trial raised in its process"
+
+
+class FailureKind(Enum):
+    """How a fill trial failed."""
+
+    RAISED = "raised"  # its own code raised an exception (in the child: it would raise again)
+    DIED = "died"      # its process was killed (e.g. by the OOM killer) or exited
+    HUNG = "hung"      # no answer, or one unit of work running too long
+
+
+@dataclass(frozen=True)
+class FillFailure:
+    """Why a fill trial failed: ``cause`` in words (with the child's traceback when it raised); when it raised,
+    ``exception`` (``Type: message``) and ``exception_types`` (the qualified names of the exception's classes,
+    most derived first) say what."""
+
+    kind: FailureKind
+    cause: str
+    exception: str = ""
+    exception_types: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return self.cause
+
+
 class FillFailed(RuntimeError):
     """The fill trial's process failed: an exception (the message carries the child's traceback), a crash (the
-    signal or exit code) or a hang (no answer, or one unit running too long). The process is gone."""
+    signal or exit code) or a hang (no answer, or one unit running too long). The process is gone. ``failure``:
+    the :class:`FillFailure`."""
+
+    def __init__(self, failure: FillFailure) -> None:
+        super().__init__(failure)  # the one argument: pickles (e.g. through Ray) back to itself; str() is the cause
+        self.failure = failure
 
 
 @dataclass(frozen=True)
@@ -83,7 +116,7 @@ class FillProcess:
         self._progress = context.RawArray("d", 4)
         self._lock = threading.Lock()  # one request/answer on the pipe at a time
         self.gate, self.answer_timeout_s, self.unit_timeout_s = gate, answer_timeout_s, unit_timeout_s
-        self.failure: str | None = None
+        self.failure: FillFailure | None = None
         self._process = context.Process(
             target=_child_main, name="hydro-fill", daemon=True,
             args=(workload, plan, None if member_ids is None else list(member_ids), pickle.dumps(state),
@@ -123,8 +156,9 @@ class FillProcess:
             self._answer(self.answer_timeout_s)
         started = self._progress[_UNIT_STARTED]
         if started and time.monotonic() - started > self.unit_timeout_s:
-            self._fail(f"one unit of work (a layer, the loss or an optimizer step) has run for more than "
-                       f"{self.unit_timeout_s:.0f} s: the fill trial hangs")
+            self._fail(FillFailure(FailureKind.HUNG, f"one unit of work (a layer, the loss or an optimizer step) has "
+                                                     f"run for more than {self.unit_timeout_s:.0f} s: the fill trial "
+                                                     f"hangs"))
 
     def poll(self) -> dict:
         """``{"result": EpochResult | None (awaiting a decision), "finished": bool}``."""
@@ -171,7 +205,8 @@ class FillProcess:
             if not self._process.is_alive() and not self._conn.poll(0):
                 self._fail(self._exit_cause())
             if time.monotonic() > deadline:
-                self._fail(f"the fill trial's process did not answer within {timeout_s:.0f} s: it hangs")
+                self._fail(FillFailure(FailureKind.HUNG, f"the fill trial's process did not answer within "
+                                                         f"{timeout_s:.0f} s: it hangs"))
         try:
             kind, payload = pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError):
@@ -180,21 +215,23 @@ class FillProcess:
             self._process.join()
             raise FillTooLarge(payload)
         if kind == "error":
-            self._fail(f"the fill trial raised in its process:\n{payload}")
+            self._fail(FillFailure(FailureKind.RAISED, f"{RAISED}:\n{payload['traceback']}", payload["exception"],
+                                   payload["types"]))
         return payload
 
-    def _exit_cause(self) -> str:
+    def _exit_cause(self) -> FillFailure:
         self._process.join(timeout=5)
         code = self._process.exitcode
         if code is not None and code < 0:
-            return f"the fill trial's process was killed by {signal.Signals(-code).name} (e.g. the OOM killer)"
-        return f"the fill trial's process exited unexpectedly (exit code {code})"
+            return FillFailure(FailureKind.DIED, f"the fill trial's process was killed by "
+                                                 f"{signal.Signals(-code).name} (e.g. the OOM killer)")
+        return FillFailure(FailureKind.DIED, f"the fill trial's process exited unexpectedly (exit code {code})")
 
-    def _fail(self, cause: str):
-        """Record ``cause``, kill the child, raise :class:`FillFailed`."""
-        self.failure = cause
+    def _fail(self, failure: FillFailure):
+        """Record ``failure``, kill the child, raise :class:`FillFailed`."""
+        self.failure = failure
         self.kill()
-        raise FillFailed(cause)
+        raise FillFailed(failure)
 
 
 class _Runner:
@@ -207,7 +244,7 @@ class _Runner:
         self.keep: list[str] | None = None
         self.snapshot: dict | None = None
         self.finished, self.stopping = False, False
-        self.failure: str | None = None
+        self.failure: dict | None = None  # the error payload (see _error) of the training thread
         self.changed = threading.Condition()
         self._rng = torch.get_rng_state()  # at the start of the step in flight (an aborted step consumed some)
 
@@ -235,7 +272,7 @@ class _Runner:
 
     def _raised(self) -> None:
         """Keep the training thread's error for the next request and tell the host's watchdog."""
-        self.failure = traceback.format_exc()
+        self.failure = _error()
         self.progress[_RAISED] = 1.0
 
     def _epoch(self) -> bool:
@@ -278,6 +315,15 @@ class _Runner:
         return not done
 
 
+def _error() -> dict:
+    """The exception being handled, for the host: ``Type: message``, its classes' qualified names and the
+    traceback."""
+    error = sys.exc_info()[1]
+    types = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__ if issubclass(c, BaseException))
+    return {"exception": traceback.format_exception_only(error)[-1].strip(), "types": types,
+            "traceback": traceback.format_exc()}
+
+
 def _child_main(workload, plan, member_ids, state, memory_budget_bytes, gate, cpus, idle, epochs, conn, progress
                 ) -> None:
     def send(kind: str, payload) -> None:
@@ -306,7 +352,7 @@ def _child_main(workload, plan, member_ids, state, memory_budget_bytes, gate, cp
             trial.load_state_dict(state["trial"])
         runner = _Runner(trial, gate, state, epochs or spec.epochs, progress)
     except BaseException:  # noqa: BLE001 - reported to the host, which raises it
-        send("error", traceback.format_exc())
+        send("error", _error())
         return
     trainer = threading.Thread(target=runner.run, name="hydro-fill-train", daemon=True)
     trainer.start()
@@ -334,7 +380,8 @@ def _child_main(workload, plan, member_ids, state, memory_budget_bytes, gate, cp
         elif command == "decide":
             with runner.changed:
                 if runner.pending is None:
-                    send("error", "decide() without an epoch result awaiting its decision")
+                    send("error", {"exception": "RuntimeError: decide() without an epoch result awaiting its "
+                                                "decision", "types": ("builtins.RuntimeError",), "traceback": ""})
                     return
                 runner.snapshot, runner.keep = None, list(argument)
                 runner.changed.notify_all()

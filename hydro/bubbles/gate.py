@@ -7,6 +7,7 @@ import time
 _OPEN, _DEADLINE, _ABORTED, _PREDICTED = range(4)
 
 MAX_SKIPPED_BUBBLES = 200  # bubbles in a row too short for one unit before the gate reports it (UnitNeverFits)
+OVERRUN_FACTOR = 2.0  # after those, a unit up to this many times the longest bubble runs in one anyway
 
 
 class FillAborted(Exception):
@@ -24,8 +25,11 @@ class BubbleGate:
     ``wait_for(cost_s)`` returns when a bubble is open and its predicted remaining time covers ``cost_s``
     (the layer's measured time), so fill work is cut to the predicted bubble and the stage waits for at
     most the layer in flight when a bubble ends early. ``always_open=True`` is naive co-location: fill
-    work runs regardless of bubbles. A unit that ``max_skipped`` bubbles in a row were too short for raises
-    :class:`UnitNeverFits` (with its cost and the longest bubble) instead of waiting forever.
+    work runs regardless of bubbles. A unit that ``max_skipped`` bubbles in a row were too short for runs in
+    the next bubble anyway if it is at most ``OVERRUN_FACTOR`` times the longest of them (a unit a little
+    longer than every bubble of a fast stage, overrunning it by a fraction of a millisecond, preempted by the
+    stage under ``SCHED_IDLE``); a longer one raises :class:`UnitNeverFits` (with its cost and the longest
+    bubble) instead of waiting forever.
 
     The state lives in shared memory and wake-ups go through a semaphore, so the gate works across threads
     and across processes (pass it to a ``spawn`` child at creation). The stage's side never blocks:
@@ -66,8 +70,10 @@ class BubbleGate:
             if self._state[_OPEN] and time.monotonic() + cost_s <= self._state[_DEADLINE]:
                 return
             if self._state[_OPEN] and self._state[_PREDICTED] < cost_s:  # this bubble is too short for it
+                if skipped >= self.max_skipped and cost_s <= OVERRUN_FACTOR * longest:
+                    return  # it overruns this bubble a little rather than never running
                 skipped, longest = skipped + 1, max(longest, self._state[_PREDICTED])
-                if skipped >= self.max_skipped:
+                if skipped >= self.max_skipped and cost_s > OVERRUN_FACTOR * longest:
                     raise UnitNeverFits(
                         f"hydro.bubbles: fill unit {unit!r} takes {cost_s * 1e3:.2f} ms but the last {skipped} "
                         f"bubbles were at most {longest * 1e3:.2f} ms long: it never fits. Shrink the model "

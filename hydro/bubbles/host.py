@@ -15,11 +15,12 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hydro.planning import free_memory_bytes
 from hydro.trial.plan import TrialPlan
 
-from .fill_process import FillFailed, FillProcess, FillTooLarge
+from .fill_process import FillFailed, FillFailure, FillProcess, FillTooLarge
 from .gate import BubbleGate
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class FillHost:
         self.timeouts = dict(timeouts or {})
         self.gate = BubbleGate()
         self.fill: FillProcess | None = None
-        self.failure: str | None = None  # cause of the last fill that failed, until fill_status reports it
+        self.failure: FillFailure | None = None  # the last fill's failure, until fill_status reports it
         self.fill_lock = threading.Lock()  # actor calls run concurrently: attach/detach/status one at a time
 
     def attach_fill(self, workload: bytes, plan: TrialPlan, mode: SlotMode, *, member_ids: Sequence[str] | None = None,
@@ -69,43 +70,43 @@ class FillHost:
             except FillTooLarge as error:
                 raise FillTooLarge(f"{self.name}: {error}") from None
             except FillFailed as error:
-                raise FillFailed(f"{self.name}: {error}") from None
+                raise FillFailed(replace(error.failure, cause=f"{self.name}: {error.failure.cause}")) from None
             self._set_gate(gate)
             return self.fill.member_ids
 
     def fill_status(self) -> dict | None:
-        """The hosted fill trial: ``{"result": EpochResult | None, "finished": bool}``; ``{"failed": cause}``
-        once after it failed (it is detached then); ``None`` if there is none."""
+        """The hosted fill trial: ``{"result": EpochResult | None, "finished": bool}``; ``{"failed": cause,
+        "failure": FillFailure}`` once after it failed (it is detached then); ``None`` if there is none."""
         with self.fill_lock:
             if self.fill is None:
                 failure, self.failure = self.failure, None
-                return None if failure is None else {"failed": failure}
+                return None if failure is None else _failed(failure)
             try:
                 return self.fill.poll()
             except FillFailed as error:
-                return self._drop_and_report(str(error))
+                return self._drop_and_report(error.failure)
 
     def fill_decide(self, keep: Sequence[str]) -> dict:
         """Decide the posted epoch result (see :meth:`FillProcess.decide`); ``{"state": ...}`` or
-        ``{"failed": cause}``."""
+        ``{"failed": cause, "failure": FillFailure}``."""
         with self.fill_lock:
             if self.fill is None:
                 raise RuntimeError(f"{self.name} hosts no fill trial to decide for")
             try:
                 return {"state": self.fill.decide(keep)}
             except FillFailed as error:
-                return self._drop_and_report(str(error))
+                return self._drop_and_report(error.failure)
 
     def detach_fill(self) -> dict | None:
         """Stop the fill trial at its next layer boundary; returns ``{"state": ...}`` (to continue from) or
-        ``{"failed": cause}``; ``None`` if there is none."""
+        ``{"failed": cause, "failure": FillFailure}``; ``None`` if there is none."""
         with self.fill_lock:
             if self.fill is None:
                 return None
             try:
                 state = self.fill.stop()
             except FillFailed as error:
-                return self._drop_and_report(str(error))
+                return self._drop_and_report(error.failure)
             self.fill = None
             self._set_gate(BubbleGate())
             return {"state": state}
@@ -118,21 +119,22 @@ class FillHost:
             if self.fill is not None:
                 self.fill.check()
         except FillFailed as error:
-            self._drop(str(error))
+            self._drop(error.failure)
         finally:
             self.fill_lock.release()
 
-    def _drop(self, cause: str) -> None:
-        """The fill failed (its process is gone): free the slot, keep the cause (call with ``fill_lock`` held)."""
-        logger.warning("%s: fill trial failed and was detached: %s", self.name, cause)
-        self.fill, self.failure = None, cause
+    def _drop(self, failure: FillFailure) -> None:
+        """The fill failed (its process is gone): free the slot, keep the failure (call with ``fill_lock``
+        held)."""
+        logger.warning("%s: fill trial failed and was detached: %s", self.name, failure.cause)
+        self.fill, self.failure = None, failure
         self._set_gate(BubbleGate())
 
-    def _drop_and_report(self, cause: str) -> dict:
-        """Drop the failed fill and report its cause to this caller only: it is not reported again."""
-        self._drop(cause)
+    def _drop_and_report(self, failure: FillFailure) -> dict:
+        """Drop the failed fill and report its failure to this caller only: it is not reported again."""
+        self._drop(failure)
         self.failure = None
-        return {"failed": cause}
+        return _failed(failure)
 
     def _set_gate(self, gate: BubbleGate) -> None:
         self.gate = gate
@@ -140,6 +142,10 @@ class FillHost:
     def fill_budget(self) -> int:
         """Bytes a fill trial may use here."""
         return self.fill_memory_bytes if self.fill_memory_bytes is not None else free_memory_bytes() // 4
+
+
+def _failed(failure: FillFailure) -> dict:
+    return {"failed": failure.cause, "failure": failure}
 
 
 class DedicatedHost(FillHost):

@@ -3,10 +3,13 @@ until its :class:`~hydro.bubbles.gate.BubbleGate` has a bubble long enough for t
 
 Units: every leaf module's forward, every leaf module's backward (a hook on its output's gradient) and each
 optimizer step. Each unit is timed in this thread's CPU time (wall time would count the preemptions of an
-idle-policy fill as layer cost); the unit's smoothed cost is what it asks the bubble for.
+idle-policy fill as layer cost); the median of the unit's last few costs is what it asks the bubble for, so one
+slow run (a unit that happened to include a one-off piece of work, e.g. copying the state at an epoch's end, or
+a page-faulting first touch) cannot make it wait for a bubble that never comes.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +21,9 @@ from hydro.trial.unit import FusedTrial, Gate
 from .gate import BubbleGate
 
 
+COST_SAMPLES = 5  # a unit's cost is the median of its last 5 runs: robust to 2 outliers
+
+
 class LayerGate(Gate):
     """Gates ``trial``'s units on ``bubbles``. ``compute_s``: CPU seconds spent in units; ``activity``: recent
     wall-clock ``(start, end)`` of units; ``unit_started``: ``time.monotonic()`` when the unit in progress
@@ -27,7 +33,8 @@ class LayerGate(Gate):
         self.bubbles, self.on_unit = bubbles, on_unit
         self.compute_s = 0.0
         self.activity: deque[tuple[float, float]] = deque(maxlen=4096)
-        self.layer_cost: dict[str, float] = {}
+        self.layer_cost: dict[str, float] = {}  # unit -> median of its recent costs (CPU s)
+        self._costs: dict[str, deque[float]] = {}
         self.unit_started = 0.0
         self.timed = False  # costs are learned once the first step (one-off set-up) is over
         self._current: tuple[str, float, float] | None = None  # unit, CPU and wall-clock start
@@ -73,8 +80,9 @@ class LayerGate(Gate):
             self.compute_s += now - start
             self.activity.append((wall_start, wall))
             if self.timed:
-                previous = self.layer_cost.get(name)
-                self.layer_cost[name] = now - start if previous is None else 0.7 * previous + 0.3 * (now - start)
+                costs = self._costs.setdefault(name, deque(maxlen=COST_SAMPLES))
+                costs.append(now - start)
+                self.layer_cost[name] = statistics.median(costs)
             self._current = None
         self._started(0.0)
         if unit is None:

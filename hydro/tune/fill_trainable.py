@@ -31,7 +31,7 @@ import ray
 import torch
 from ray import tune
 
-from hydro.bubbles.fill_process import EpochResult
+from hydro.bubbles.fill_process import RAISED, EpochResult, FailureKind, FillFailed, FillFailure
 from hydro.bubbles.fit import member_bytes
 from hydro.bubbles.gate import UnitNeverFits
 from hydro.trial.plan import TrialKind, TrialPlan
@@ -45,11 +45,15 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "hydro_fill_units.pt"
 
 
-RAISED = "the fill trial raised in its process"  # how hydro.bubbles.fill_process words a fill whose code raised
-# Raised in a fill because of where and when it ran, not by its code (a retry, elsewhere or later, can succeed), as
-# their tracebacks name them: out of memory; a unit longer than the bubbles seen so far (moved to a dedicated worker
-# where it is met in a unit, see _Proxy._failed).
-CIRCUMSTANTIAL = tuple(f"{error.__module__}.{error.__qualname__}" for error in (UnitNeverFits, torch.OutOfMemoryError))
+def _qualified(error: type[BaseException]) -> str:
+    return f"{error.__module__}.{error.__qualname__}"
+
+
+# Raised in a fill because of where and when it ran, not by its code (a retry, elsewhere or later, can succeed):
+# out of memory; a unit longer than the bubbles seen so far (moved to a dedicated worker where it is met in a
+# unit, see _Proxy._failed).
+CIRCUMSTANTIAL = (_qualified(UnitNeverFits), _qualified(torch.OutOfMemoryError))
+NEVER_FITS = _qualified(UnitNeverFits)
 
 
 class FillTrialError(TrialFailed):
@@ -62,23 +66,13 @@ class FillTrialLost(TrialLost):
     the message carries the cause."""
 
 
-def _fill_exception(cause: str) -> str:
-    """``module.Type: message`` of the exception a fill's own code raised (the last line of its traceback in the
-    host's ``cause``), or ``""`` if the fill did not raise (killed, exited, hangs)."""
-    lines = cause.strip().splitlines()
-    return lines[-1].strip() if RAISED in cause and lines else ""
-
-
-NEVER_FITS = f"{UnitNeverFits.__module__}.{UnitNeverFits.__qualname__}"
-
-
-def _fill_failure(members: list[str], slot: str, cause: str, started: bool = True) -> FillTrialError | FillTrialLost:
-    """The error of the fill trial of ``members`` on ``slot`` that failed with ``cause`` (the host's words)."""
+def _fill_failure(members: list[str], slot: str, failure: FillFailure,
+                  started: bool = True) -> FillTrialError | FillTrialLost:
+    """The error of the fill trial of ``members`` on ``slot`` that failed with ``failure``."""
     where = f"the fill trial of members {', '.join(members)} {'failed' if started else 'could not start'} on {slot}"
-    exception = _fill_exception(cause)
-    if not exception or exception.split(":", 1)[0] in CIRCUMSTANTIAL:
-        return FillTrialLost(f"{where}: {cause}")
-    return FillTrialError(f"{exception} ({where}: {RAISED})", f"{where}: {cause}")
+    if failure.kind is not FailureKind.RAISED or any(t in CIRCUMSTANTIAL for t in failure.exception_types):
+        return FillTrialLost(f"{where}: {failure.cause}")
+    return FillTrialError(f"{failure.exception} ({where}: {RAISED})", f"{where}: {failure.cause}")
 
 
 def bubble_trainable(spec: TuneSpec, poll_s: float = 0.02) -> Callable[[dict], None]:
@@ -146,7 +140,7 @@ class _Proxy:
             self._lost(unit)
             return
         if status is not None and "failed" in status:
-            self._failed(unit, status["failed"])
+            self._failed(unit, status["failure"])
             return
         if status is not None and status["result"] is not None and unit.result is None:
             result = status["result"]
@@ -164,7 +158,8 @@ class _Proxy:
             self._moved(unit, moved)
 
     def _attach(self, unit: _Unit) -> None:
-        slot = ray.get(self.service.place.remote(unit.key, self.need, self.epoch, self.dedicated_only or unit.dedicated))
+        dedicated = self.dedicated_only or unit.dedicated
+        slot = ray.get(self.service.place.remote(unit.key, self.need, self.epoch, dedicated))
         if slot is None:
             return
         host = ray.get_actor(slot["host"])
@@ -176,7 +171,10 @@ class _Proxy:
             self.service.slot_lost.remote(slot["slot"])
             return
         except ray.exceptions.RayTaskError as error:
-            raise _fill_failure(unit.member_ids, slot["slot"], str(error.cause), started=False) from None
+            if not isinstance(error.cause, FillFailed):
+                raise FillTrialLost(f"the fill trial of members {', '.join(unit.member_ids)} could not start on "
+                                    f"{slot['slot']}: {error.cause}") from None
+            raise _fill_failure(unit.member_ids, slot["slot"], error.cause.failure, started=False) from None
         unit.slot, unit.host = slot, host
         if len(kept) < len(unit.member_ids):  # the slot holds fewer: the rest start another fused trial
             rest = unit.member_ids[len(kept):]
@@ -216,7 +214,7 @@ class _Proxy:
             self._lost(unit)
             return
         if "failed" in answer:
-            self._failed(unit, answer["failed"])
+            self._failed(unit, answer["failure"])
             return
         unit.state, unit.result, unit.member_ids = answer["state"], None, list(keep)  # the state: all after the last
         if not keep:  # its members are done: free the slot
@@ -225,15 +223,15 @@ class _Proxy:
             unit.host, unit.slot = None, None
             self.service.release_unit.remote(unit.key)
 
-    def _failed(self, unit: _Unit, cause: str) -> None:
-        """The unit's fill failed with ``cause``: a unit of work longer than every bubble of its slot moves to a
-        dedicated worker and goes on from its last state (replaying, exactly, what came after it); any other
-        failure ends the Tune trial (see :func:`_fill_failure`)."""
-        if not _fill_exception(cause).startswith(NEVER_FITS + ":"):
-            raise _fill_failure(unit.member_ids, unit.slot["slot"], cause)
+    def _failed(self, unit: _Unit, failure: FillFailure) -> None:
+        """The unit's fill failed: a unit of work longer than every bubble of its slot moves to a dedicated worker
+        and goes on from its last state (replaying, exactly, what came after it); any other failure ends the Tune
+        trial (see :func:`_fill_failure`)."""
+        if failure.kind is not FailureKind.RAISED or NEVER_FITS not in failure.exception_types:
+            raise _fill_failure(unit.member_ids, unit.slot["slot"], failure)
         logger.warning("hydro: the fill trial of members %s does not fit the bubbles of %s (%s); it goes on from its "
                        "last state on a dedicated worker", ", ".join(unit.member_ids), unit.slot["slot"],
-                       _fill_exception(cause).split(":", 1)[1].strip())
+                       failure.exception)
         self.service.release_unit.remote(unit.key)
         unit.slot, unit.host, unit.result, unit.dedicated = None, None, None, True
 
@@ -244,7 +242,7 @@ class _Proxy:
     def _moved(self, unit: _Unit, handed: dict | None) -> None:
         """The unit left its slot with ``handed`` (exact state; else it resumes from its last state)."""
         if handed is not None and "failed" in handed:
-            self._failed(unit, handed["failed"])
+            self._failed(unit, handed["failure"])
             return
         if handed is not None:
             unit.state = handed["state"]

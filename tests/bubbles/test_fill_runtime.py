@@ -1,13 +1,14 @@
 """Schedule, gate and fill runtime of the Bubble Squeezer, in plain Python (threads and processes, no Ray):
 a fill process trains a user TuneSpec's fused trial exactly as alone, and its failures are contained."""
+import pickle
 import threading
 import time
 
 import pytest
 import torch
 
-from hydro.bubbles import BubbleGate, DedicatedHost, FillAborted, FillFailed, FillProcess, FillTooLarge, SlotMode, \
-    UnitNeverFits, one_f_one_b, simulate
+from hydro.bubbles import BubbleGate, DedicatedHost, FailureKind, FillAborted, FillFailed, FillProcess, FillTooLarge, \
+    LayerGate, SlotMode, UnitNeverFits, one_f_one_b, simulate
 from hydro.bubbles.schedule import Op, bubble_fraction
 from tests.bubbles.workload import plan, same_members, spec, train_alone, workload
 
@@ -55,6 +56,26 @@ def test_gate_blocks_outside_bubbles_and_respects_the_predicted_length():
         gate.wait_for(0.0)
 
 
+def test_one_slow_run_of_a_unit_does_not_change_the_bubble_it_asks_for():
+    """A unit's cost is the median of its recent runs: one run that included a one-off piece of work does not
+    make it wait for a bubble that never comes; a unit that is slow every time does ask for more."""
+    gate = LayerGate(BubbleGate(always_open=True))
+    gate.timed = True
+
+    def run(unit: str, cpu_s: float) -> None:
+        gate.boundary(unit)
+        start = time.thread_time()
+        while time.thread_time() - start < cpu_s:
+            pass
+        gate.boundary(None)
+
+    for cpu_s in (0.01, 0.01, 0.3, 0.01, 0.01):
+        run("spiky", cpu_s)
+    for _ in range(3):
+        run("slow", 0.05)
+    assert gate.layer_cost["spiky"] < 0.05 and gate.layer_cost["slow"] >= 0.05
+
+
 def test_a_unit_longer_than_every_bubble_is_reported_instead_of_waiting_forever():
     gate = BubbleGate(max_skipped=20)
     errors = []
@@ -69,6 +90,24 @@ def test_a_unit_longer_than_every_bubble_is_reported_instead_of_waiting_forever(
     waiter.join(timeout=5)
     assert len(errors) == 1 and isinstance(errors[0], UnitNeverFits)
     assert "'B:layers.0' takes 500.00 ms" in str(errors[0]) and "at most 10.00 ms" in str(errors[0])
+
+
+def test_a_unit_a_little_longer_than_every_bubble_runs_in_one_after_waiting_its_turn():
+    """15 ms of work against 10 ms bubbles: after ``max_skipped`` bubbles it overruns the next one, rather than
+    never running (the stage preempts it under SCHED_IDLE)."""
+    gate = BubbleGate(max_skipped=20)
+    errors, started = [], []
+    waiter = threading.Thread(target=lambda: _catch(lambda: (gate.wait_for(0.015, "F:layers.0"),
+                                                             started.append(True)), errors))
+    waiter.start()
+    bubbles = 0
+    while waiter.is_alive() and bubbles < 200:
+        gate.bubble_started(0, 0.01, 0)
+        bubbles += 1
+        time.sleep(0.002)
+        gate.bubble_ended(0)
+    waiter.join(timeout=5)
+    assert errors == [] and started == [True] and bubbles >= 21
 
 
 def _catch(fn, errors: list) -> None:
@@ -172,9 +211,11 @@ def _alone_epoch_metrics(tune_spec, trial_plan, epochs: int) -> list[dict]:
     return [{k: [float(v) for v in values] for k, values in trial.run_epoch().items()} for _ in range(epochs)]
 
 
-@pytest.mark.parametrize("fault, cause", [("raise", "ZeroDivisionError: fault injected"), ("kill", "SIGKILL"),
-                                          ("hang", "has run for more than 2 s: the fill trial hangs")])
-def test_a_failing_fill_process_is_contained_and_reported_with_its_cause(fault, cause):
+@pytest.mark.parametrize("fault, cause, kind", [("raise", "ZeroDivisionError: fault injected", FailureKind.RAISED),
+                                                ("kill", "SIGKILL", FailureKind.DIED),
+                                                ("hang", "has run for more than 2 s: the fill trial hangs",
+                                                 FailureKind.HUNG)])
+def test_a_failing_fill_process_is_contained_and_reported_with_its_cause(fault, cause, kind):
     gate = BubbleGate()
     bubbles = Bubbles(gate)
     try:
@@ -187,11 +228,12 @@ def test_a_failing_fill_process_is_contained_and_reported_with_its_cause(fault, 
         bubbles.resume()
         assert same_members(state, train_alone(spec(), plan(), 1))  # the last state to move on from
         deadline = time.monotonic() + 60
-        with pytest.raises(FillFailed, match=cause):
+        with pytest.raises(FillFailed, match=cause) as failed:
             while time.monotonic() < deadline:
                 fill.poll()
                 time.sleep(0.05)
-        assert not fill._process.is_alive()
+        assert failed.value.failure.kind is kind and not fill._process.is_alive()
+        assert pickle.loads(pickle.dumps(failed.value)).failure == failed.value.failure  # crosses Ray intact
         with pytest.raises(FillFailed, match=cause):  # every later request says the same, at once
             fill.stop()
     finally:
@@ -232,7 +274,11 @@ def test_a_failed_fill_is_reported_once_whoever_finds_it_and_the_slot_is_free_ag
             if status is not None and "failed" in status:
                 break
         time.sleep(0.05)
-    assert status == {"failed": status["failed"]} and "ZeroDivisionError: fault injected" in status["failed"]
+    assert set(status) == {"failed", "failure"} and "ZeroDivisionError: fault injected" in status["failed"]
+    failure = status["failure"]
+    assert failure.kind is FailureKind.RAISED and failure.cause == status["failed"]
+    assert failure.exception == "ZeroDivisionError: fault injected by the test's loss"
+    assert failure.exception_types[:2] == ("builtins.ZeroDivisionError", "builtins.ArithmeticError")
     assert host.fill_status() is None  # reported once
     assert host.attach_fill(workload(spec()), plan(), SlotMode.DEDICATED, member_ids=MEMBER_IDS) == MEMBER_IDS
     assert host.detach_fill()["state"] is not None

@@ -6,7 +6,7 @@ import pytest
 import ray
 import torch
 
-from hydro.bubbles import FillTooLarge, PipelineSpec, SlotMode
+from hydro.bubbles import FailureKind, FillTooLarge, PipelineSpec, SlotMode
 from hydro.tune.pipeline_job import PipelineJob, process_group_backend
 from tests.bubbles.workload import plan, same_members, spec, train_alone
 from tests.bubbles.alone import train_unsplit
@@ -67,13 +67,14 @@ def test_a_fill_that_raises_crashes_or_hangs_never_harms_the_main_job(job):
     """Three fills fail in turn on stage 1 (raise, SIGKILL, hang); each is detached and reported with its cause,
     the stage hosts the next; the main job's losses stay bit-identical to the same job run alone."""
     losses = []
-    for fault, cause in [("raise", "ZeroDivisionError: fault injected"), ("kill", "SIGKILL"),
-                         ("hang", "the fill trial hangs")]:
+    for fault, cause, kind in [("raise", "ZeroDivisionError: fault injected", FailureKind.RAISED),
+                               ("kill", "SIGKILL", FailureKind.DIED),
+                               ("hang", "the fill trial hangs", FailureKind.HUNG)]:
         # Loss call 20 of the fill process: the memory fit measures F = 1, 2, 3 (3 calls each), then epoch 1's 10
         # training steps; call 20 is epoch 1's evaluation, before any decision is asked for.
         job.attach_fill(1, spec(fault=fault, at=20), plan(), SlotMode.GATED)
         reports, status = _run_until(job, 1, lambda status: status is None or "failed" in status)
-        assert status is not None and cause in status["failed"], (cause, status)
+        assert status is not None and cause in status["failed"] and status["failure"].kind is kind, (cause, status)
         losses += [loss for r in reports for loss in r[1]["losses"]]
         assert all(len(r[1]["losses"]) == 6 for r in reports)  # every iteration completed
     assert job.fill_status(1) is None  # the slot is free again

@@ -24,14 +24,18 @@ _calls = [0]
 @dataclass
 class FaultyLoss:
     """Cross-entropy, except that its ``at``-th call in a process does ``fault``: ``"raise"``, ``"kill"``
-    (SIGKILL itself, like the OOM killer), ``"hang"`` or ``"slow"`` (0.5 s of CPU once: the loss's learned cost
-    then exceeds every bubble of the reference pipeline)."""
+    (SIGKILL itself, like the OOM killer), ``"hang"``, or from then on ``"slow"`` (0.2 s of CPU per call: longer
+    than every bubble of the reference pipeline)."""
 
     fault: str | None = None
     at: int = 0
 
     def __call__(self, output, target):
         _calls[0] += 1
+        if self.fault == "slow" and _calls[0] >= self.at:  # CPU time: what the gate times units in
+            start = time.thread_time()
+            while time.thread_time() - start < 0.2:
+                pass
         if self.fault and _calls[0] == self.at:
             if self.fault == "raise":
                 raise ZeroDivisionError("fault injected by the test's loss")
@@ -39,11 +43,6 @@ class FaultyLoss:
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.fault == "hang":
                 time.sleep(3600)
-            if self.fault == "slow":  # CPU time: what the gate times units in
-                start = time.thread_time()
-                while time.thread_time() - start < 0.5:
-                    pass
-
         return nn.functional.cross_entropy(output, target)
 
 
