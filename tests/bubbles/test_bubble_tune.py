@@ -194,11 +194,12 @@ def test_a_fill_that_raises_fails_its_members_once_and_a_killed_fill_is_retried(
 
 
 def test_a_fill_longer_than_every_bubble_moves_to_a_dedicated_worker_and_ends_exactly(service, tmp_path):
-    """From call 15 on (epoch 1's training) its loss burns 0.2 s of CPU per call, longer than every bubble:
-    instead of failing, the fill goes on from its last state on a dedicated worker."""
+    """Its loss burns 0.2 s of CPU per call, 100 times longer than every bubble: instead of failing, the fill goes
+    on from its last state on a dedicated worker before its first epoch ends (promotion would come after the
+    second)."""
     job = RunningJob(service, "slowpoke")
     try:
-        results, _ = fit(spec(epochs=EPOCHS, fault="slow", at=15), SPACE, num_samples=2, fusion=2,
+        results, _ = fit(spec(epochs=EPOCHS, fault="slow", at=1), SPACE, num_samples=2, fusion=2,
                          transfer_fraction=None, storage_path=str(tmp_path), name="slowpoke", verbose=0,
                          max_failures=0, bubbles=True)
     finally:
