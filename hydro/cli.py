@@ -7,6 +7,11 @@ import sys
 from collections.abc import Sequence
 
 
+class UsageError(Exception):
+    """Bad command-line input, found before any work starts: ``hydro`` prints the message (one line naming the
+    problem and the fix) and exits with code 2, as argparse does for its own errors."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hydro", description="Hydro hyperparameter tuning on Ray Tune.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -30,7 +35,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # fusion plans) on stderr. Ray's worker processes keep their own logging set-up.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("hydro").setLevel(logging.INFO)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as error:
+        print(error, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

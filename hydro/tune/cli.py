@@ -7,17 +7,22 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import socket
 import sys
+import sysconfig
 import time
+import traceback
 
 import pandas as pd
 
+from hydro.cli import UsageError
 from hydro.tune import energy_scheduler
 from hydro.tune.examples import EXAMPLES
-from hydro.trial.check import WorkloadError
+from hydro.trial.check import WorkloadError, describe
 from hydro.trial.spec import TuneSpec
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table, target_result
-from hydro.tune.run import TuningFailed, asha, fit, optuna_tpe, prepare
+from hydro.tune.run import TuningFailed, asha, check_arguments, fit, optuna_tpe, prepare
+from hydro.tune.trainable import require_resources, trial_resources
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -110,19 +115,11 @@ def load_workload(reference: str) -> tuple[TuneSpec, dict]:
     pickled by value, so Ray workers run them without that folder (a cluster, a ``ray job submit`` job)."""
     target, _, func = reference.partition(":")
     before = set(sys.modules)
-    if target.endswith(".py"):
-        if not os.path.exists(target):
-            raise SystemExit(f"hydro tune: workload file {target!r} does not exist")
-        folder = os.path.dirname(os.path.abspath(target))
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-        name = f"hydro_workload_{os.path.basename(target)[:-3]}"
-        spec = importlib.util.spec_from_file_location(name, target)
-        module = sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        folder = None
-        module = importlib.import_module(target)
+    try:
+        module, folder = _import_workload(target)
+    except Exception as error:  # the user's module raised while importing, or is not there
+        raise UsageError(f"hydro tune: --workload {reference}: importing {target!r} failed: "
+                         f"{_where(error)}{describe(error)}") from None
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(module)  # Ray workers need not import the user's file
@@ -131,18 +128,46 @@ def load_workload(reference: str) -> tuple[TuneSpec, dict]:
         if folder and "." not in name and os.path.abspath(path).startswith(folder + os.sep):
             cloudpickle.register_pickle_by_value(sys.modules[name])
     factory = getattr(module, func or "workload", None)
-    if factory is None:
-        raise SystemExit(f"hydro tune: {target!r} defines no function {func or 'workload'!r} returning "
+    if not callable(factory):
+        raise UsageError(f"hydro tune: {target!r} defines no function {func or 'workload'!r} returning "
                          f"(TuneSpec, param_space)")
-    result = factory()
+    try:
+        result = factory()
+    except Exception as error:
+        raise UsageError(f"hydro tune: --workload {reference}: calling {func or 'workload'}() failed: "
+                         f"{_where(error)}{describe(error)}") from None
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], TuneSpec)):
-        raise SystemExit(f"hydro tune: {reference} must return (TuneSpec, param_space), got {type(result).__name__}")
+        raise UsageError(f"hydro tune: {reference} must return (TuneSpec, param_space), got {type(result).__name__}")
     return result
+
+
+def _import_workload(target: str):
+    """The module of a ``--workload`` target (a file or a module name) and the folder put on ``sys.path``."""
+    if target.endswith(".py"):
+        if not os.path.exists(target):
+            raise UsageError(f"hydro tune: workload file {target!r} does not exist")
+        folder = os.path.dirname(os.path.abspath(target))
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        name = f"hydro_workload_{os.path.basename(target)[:-3]}"
+        spec = importlib.util.spec_from_file_location(name, target)
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module, folder
+    return importlib.import_module(target), None
+
+
+def _where(error: BaseException) -> str:
+    """``file:line: `` of the innermost frame of ``error``'s traceback in the user's code (not Python's own
+    library, not Hydro), or ``""`` when there is none (e.g. a module that is not there)."""
+    own = (sysconfig.get_paths()["stdlib"], os.path.join(PACKAGE_ROOT, "hydro") + os.sep, "<")
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(own)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
 
 
 def run(args: argparse.Namespace) -> int:
     if args.bubbles and not (args.address or os.environ.get("RAY_ADDRESS")):
-        raise SystemExit("hydro tune --bubbles: give the cluster whose pipeline jobs have registered their bubbles "
+        raise UsageError("hydro tune --bubbles: give the cluster whose pipeline jobs have registered their bubbles "
                          "(--address or $RAY_ADDRESS); an embedded cluster has none")
     spec, space = EXAMPLES[args.example]() if args.example else load_workload(args.workload)
     shrink = {"shrink_fixed": args.shrink_fixed or spec.shrink_fixed, "shrink_strict": args.strict_shrink or
@@ -150,15 +175,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = dataclasses.replace(spec, epochs=args.epochs or spec.epochs, **shrink)
     except ValueError as error:
-        raise SystemExit(f"hydro tune: {error}") from None
+        raise UsageError(f"hydro tune: {error}") from None
     energy = energy_scheduler.settings_from_args(args, spec, args.name or args.example or os.path.basename(args.workload))
     start = time.perf_counter()
-    try:
-        data = prepare(spec, space, scale=args.scale, seed=args.seed)  # before Ray starts
-    except WorkloadError as error:
-        print(f"hydro tune: {error}", file=sys.stderr)
-        return 2
-    connect(args.address)
+    try:  # before Ray starts
+        check_arguments(spec, space, energy=energy, bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
+        data = prepare(spec, space, scale=args.scale, seed=args.seed)
+    except ValueError as error:  # a WorkloadError too
+        raise UsageError(f"hydro tune: {error}") from None
+    if connect(args.address) and not args.bubbles:
+        try:
+            require_resources(trial_resources(spec, gpus_per_trial=args.gpus_per_trial), strict=True)
+        except ValueError as error:
+            raise UsageError(f"hydro tune: {error}") from None
     try:
         results, _ = fit(spec, space, num_samples=args.samples, scale=args.scale, fusion=args.fusion,
                          scheduler=asha(spec) if args.scheduler == "asha" else None,
@@ -185,24 +214,40 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def connect(address: str | None) -> None:
+def connect(address: str | None) -> bool:
     """Join the cluster at ``address`` (or ``$RAY_ADDRESS``, as inside ``ray job submit``), with token
     authentication when this machine has a Ray token (``~/.ray/auth_token``, which Ray 2.60's ``ray start``
     turns on authentication with); else start an embedded local cluster bound to 127.0.0.1 whose workers
-    import this checkout of Hydro."""
+    import this checkout of Hydro. Returns whether it started the embedded cluster."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     if address or os.environ.get("RAY_ADDRESS"):
         # As `ray start` does: RAY_AUTH_MODE unset and a token on this machine -> token authentication.
         from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
 
+        _reachable(address or os.environ["RAY_ADDRESS"])
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         ray.init(address=address)
     else:
         _loopback_only()
         ray.init(runtime_env={"env_vars": {"PYTHONPATH": PACKAGE_ROOT}})
+        return True
+    return False
+
+
+def _reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Refuse a ``host:port`` cluster address where nothing listens (Ray would retry connecting forever)."""
+    host, _, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not port.isdigit():
+        return  # Ray resolves these itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise UsageError(f"hydro tune: no Ray cluster answers at {address} ({error}); start one there with "
+                         f"`ray start --head --port {port}`, fix --address / $RAY_ADDRESS, or leave both out for "
+                         f"an embedded local cluster") from None
 
 
 def _loopback_only() -> None:

@@ -6,6 +6,7 @@ import logging
 import os
 from collections.abc import Sequence
 
+import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
@@ -20,8 +21,9 @@ from hydro.tune.fill_trainable import bubble_fill
 from hydro.tune.progress import MemberProgress, show_progress
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import failure_summary, failures, write_results
+from hydro.tune.retry_logs import KeepResultsOnRetry
 from hydro.tune.searcher import HydroSearcher
-from hydro.tune.trainable import trainable, trial_resources
+from hydro.tune.trainable import require_resources, trainable, trial_resources
 
 NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 
@@ -81,6 +83,23 @@ class TuningFailed(RuntimeError):
         self.results, self.searcher = results, searcher
 
 
+def check_arguments(spec: TuneSpec, param_space: dict, *, energy: EnergySettings | None = None,
+                    bubbles: bool = False, cpus_per_trial: float = 1, gpus_per_trial: float = 0) -> None:
+    """Raise ``ValueError`` for arguments of :func:`fit` that cannot work together (checked before anything
+    loads or runs; ``hydro tune`` calls it before Ray starts)."""
+    if energy is not None and energy.batch_sizes and "batch_size" in param_space:
+        raise ValueError("hydro tune --energy: the batch size is chosen per fused group by the energy bandit; remove "
+                         "'batch_size' from the param space, or turn the bandit off (--energy-batch-sizes with no "
+                         "value / EnergySettings(batch_sizes=()))")
+    if energy is not None and bubbles:
+        raise ValueError("hydro: energy tuning and bubble filling are separate schedulers and cannot be combined yet; "
+                         "run with one of energy=... (--energy) or bubbles=True (--bubbles)")
+    if bubbles and gpus_per_trial:
+        raise ValueError("hydro: bubble filling runs fused trials on the pipeline stages' own devices; "
+                         "gpus_per_trial does not apply with bubbles=True (--bubbles): leave it at 0")
+    trial_resources(spec, cpus_per_trial, gpus_per_trial)
+
+
 def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, fusion: int | str = "auto",
         max_fusion: int = 64, scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
@@ -105,22 +124,22 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     no GPU): the searcher hands out up to ``max_fusion`` members per trial, each trial measures how many fit and
     train fast on its device and trains them in chunks of that many, and the group's later trials get that
     many members. ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
-    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``). Raises
+    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``). Raises ``ValueError`` before anything
+    runs for arguments that cannot work (:func:`check_arguments`), and when no node of a cluster that ``fit``
+    started itself has a trial's resources (a connected cluster may autoscale: a warning); raises
     :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""
-    if energy is not None and energy.batch_sizes and "batch_size" in param_space:
-        raise ValueError("hydro tune --energy: the batch size is chosen per fused group by the energy bandit; remove "
-                         "'batch_size' from the param space, or turn the bandit off (--energy-batch-sizes with no "
-                         "value / EnergySettings(batch_sizes=()))")
-    if energy is not None and bubbles:
-        raise ValueError("hydro: energy tuning and bubble filling are separate schedulers and cannot be combined yet; "
-                         "run with one of energy=... (--energy) or bubbles=True (--bubbles)")
-    if bubbles and gpus_per_trial:
-        raise ValueError("hydro: bubble filling runs fused trials on the pipeline stages' own devices; "
-                         "gpus_per_trial does not apply with bubbles=True (--bubbles): leave it at 0")
+    check_arguments(spec, param_space, energy=energy, bubbles=bubbles, cpus_per_trial=cpus_per_trial,
+                    gpus_per_trial=gpus_per_trial)
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    trial_resources(spec, cpus_per_trial, gpus_per_trial)  # bad resources fail before data loads
     data = data if data is not None else prepare(spec, param_space, scale=scale, seed=seed)
+    if storage_path is not None and "://" not in storage_path:  # Ray takes only absolute local paths
+        storage_path = os.path.abspath(os.path.expanduser(storage_path))
+    started = not ray.is_initialized()
+    if started:  # what Tune would start: a local cluster of this machine, which cannot grow to fit a trial
+        ray.init()
+    if not bubbles:  # fill trials run on the placement service's hosts, not on resources of their own
+        require_resources(trial_resources(spec, cpus_per_trial, gpus_per_trial), strict=started)
     in_trial = fusion == "auto" and gpus_per_trial > 0
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,
                                    fusion=max_fusion if in_trial else fusion,
@@ -139,7 +158,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
                                     reuse_actors=True, max_concurrent_trials=max_concurrent_trials,
                                     trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=1 if verbose >= 2 else 0,
-                                  callbacks=[*progress, *callbacks],
+                                  callbacks=[*progress, KeepResultsOnRetry(), *callbacks],
                                   failure_config=tune.FailureConfig(max_failures=max_failures),
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
     )

@@ -78,6 +78,29 @@ def trial_resources(spec: TuneSpec, cpus_per_trial: float = 1, gpus_per_trial: f
     return {"cpu": cpus_per_trial, **({"gpu": gpus_per_trial} if gpus_per_trial else {})}
 
 
+def require_resources(resources: dict[str, float], strict: bool) -> None:
+    """Check that some alive node of the Ray cluster has ``resources`` (one trial's, from
+    :func:`trial_resources`) in all: otherwise Tune would wait for them forever. ``strict``: raise
+    ``ValueError`` (a cluster that cannot grow, e.g. the local one Hydro started); else log a warning (an
+    autoscaling cluster may add such a node)."""
+    request = {name.upper(): amount for name, amount in resources.items()}
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    if any(all(node.get(name, 0.0) >= amount for name, amount in request.items()) for node in nodes):
+        return
+    largest = {name: max((node.get(name, 0.0) for node in nodes), default=0.0) for name in request}
+    message = (f"hydro.tune: a trial asks for {_resources(request)} but no node of the Ray cluster has that much "
+               f"(the most one node has: {_resources(largest)})")
+    if strict:
+        raise ValueError(f"{message}; this cluster is this machine's and cannot grow: lower cpus_per_trial / "
+                         f"gpus_per_trial (--gpus-per-trial 0 on a machine without GPUs), or give the address of a "
+                         f"cluster with such nodes (--address)")
+    logger.warning("%s; the trials wait until the cluster adds such a node", message)
+
+
+def _resources(amounts: dict[str, float]) -> str:
+    return ", ".join(f"{amount:g} {name}" for name, amount in amounts.items())
+
+
 def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] | None = None,
               energy: EnergySettings | None = None, *, plan_fusion: bool = False) -> None:
     """Train the trial described by ``config`` (see :mod:`hydro.trial.plan`) for ``spec.epochs`` on ``data``

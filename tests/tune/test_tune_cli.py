@@ -37,6 +37,50 @@ def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys):
     assert not ray.is_initialized()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--energy-eta", "0.7"], "hydro tune: --energy-eta only applies with --energy; add --energy or leave it out"),
+    (["--energy-batch-sizes", "16", "--energy-beta", "3"],
+     "hydro tune: --energy-beta, --energy-batch-sizes only apply with --energy; add --energy or leave them out"),
+    (["--energy", "--energy-devices", "simulated", "--energy-beta", "1"],
+     "hydro tune --energy: hydro.energy: beta=1.0 must be > 1 (trials stop at beta x the least cost)"),
+    (["--gpus-per-trial", "-1"], "hydro tune: hydro.tune: gpus_per_trial must be a fraction in [0, 1] or a whole "
+                                 "number of GPUs (Ray's rule), got -1.0"),
+    (["--energy", "--energy-devices", "simulated", "--bubbles", "--address", "auto"],
+     "hydro tune: hydro: energy tuning and bubble filling are separate schedulers and cannot be combined yet"),
+    (["--address", "127.0.0.1:1"], "hydro tune: no Ray cluster answers at 127.0.0.1:1 ([Errno 111] Connection "
+                                   "refused); start one there with `ray start --head --port 1`"),
+    (["--workload", "no_such_module"], "hydro tune: --workload no_such_module: importing 'no_such_module' failed: "
+                                       "ModuleNotFoundError: No module named 'no_such_module'"),
+])
+def test_bad_input_found_after_parsing_ends_with_one_line_and_exit_code_2(argv, message, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    argv = argv if "--workload" in argv else ["--example", "digits-mlp", *argv]
+    assert main(["tune", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not ray.is_initialized()
+
+
+def test_a_workload_function_that_raises_is_named_with_its_file_and_line(tmp_path, capsys):
+    (tmp_path / "broken.py").write_text("def workload():\n    raise RuntimeError('no data here')\n")
+    assert main(["tune", "--workload", str(tmp_path / "broken.py")]) == 2
+    assert capsys.readouterr().err == (f"hydro tune: --workload {tmp_path / 'broken.py'}: calling workload() failed: "
+                                       f"{tmp_path / 'broken.py'}:2: RuntimeError: no data here\n")
+
+
+def test_trials_asking_for_gpus_a_local_cluster_lacks_are_refused_instead_of_waiting_forever(tmp_path, capsys,
+                                                                                              monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    try:
+        code = main(["tune", "--example", "digits-mlp", "--gpus-per-trial", "1", "--storage", str(tmp_path)])
+    finally:
+        ray.shutdown()
+    err = capsys.readouterr().err
+    assert code == 2 and "hydro tune: hydro.tune: a trial asks for 1 CPU, 1 GPU but no node of the Ray cluster has " \
+                         "that much (the most one node has: " in err and ", 0 GPU); this cluster is this machine's" in err
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
 def test_an_unsupported_optimizer_fails_once_before_ray_starts(workload_file, tmp_path, capsys):
     code = main(["tune", "--workload", f"{workload_file}:rmsprop", "--storage", str(tmp_path / "runs")])
     err = capsys.readouterr().err
