@@ -67,10 +67,10 @@ class _PositionRecorder(Observer):
     def record(self, trial: FusedTrial) -> None:
         self.position = TrialPosition(tuple(trial.member_ids), trial.epoch, trial.step)
 
-    def on_step_end(self, trial, losses) -> None:
+    def on_step_end(self, trial: FusedTrial, losses: torch.Tensor) -> None:
         self.record(trial)
 
-    def on_epoch_end(self, trial, metrics) -> None:
+    def on_epoch_end(self, trial: FusedTrial, metrics: Mapping[str, torch.Tensor]) -> None:
         self.record(trial)
 
 
