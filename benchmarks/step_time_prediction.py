@@ -1,8 +1,9 @@
 """Held-out error of the step-time model (PALEO FLOP rate vs the per-kind regressor) on this device.
 
 Layers of a grid of shapes (Linear, Conv2d, BatchNorm2d, ReLU; batch 32..256) are timed fused F = 1, 4, 16
-times (forward + backward, median of 5 rounds); the model is fitted on the even-indexed shapes of each kind and
-predicts the odd-indexed ones (held-out shapes, never timed for the fit). Then whole training steps of the
+times (forward + backward, median of 5 rounds; the layers of each F take turns round by round); the model is
+fitted on the even-indexed shapes of each kind and predicts the odd-indexed ones (held-out shapes, never timed
+for the fit). Then whole training steps of the
 example models (whose layers were not in the grid) are predicted and measured at several F, and the fusion
 planner's two or three predicted candidates are compared with the full measured ladder of ``plan_fusion``
 (the throughput of both chosen F re-measured the same way).
@@ -30,7 +31,7 @@ from hydro.examples.models import CNN, MLP
 from hydro.loss import trial_losses
 from hydro.optim import SGD
 from hydro.planning import plan_fusion
-from hydro.profiling import (device_name, measure_training_step, profile_layers, step_features, time_layer,
+from hydro.profiling import (device_name, measure_training_step, profile_layers, step_features, time_layers,
                              time_optimizer, training_tensors)
 from schedulers.prediction.step_time import StepTimeModel, candidate_counts, median_error, memory_bytes
 
@@ -102,9 +103,11 @@ def main() -> None:
 
     # 1. layers: fit on even-indexed shapes, predict the odd-indexed (held-out) ones
     train, held_out = [], []
-    for kind, index, layer in grid_layers():
-        for f in MEMBERS:
-            (train if index % 2 == 0 else held_out).append(time_layer(layer, f, device, clock=clock))
+    grid = grid_layers()
+    for f in MEMBERS:
+        timings = time_layers([layer for _, _, layer in grid], f, device, clock=clock)
+        for (_, index, _), timing in zip(grid, timings):
+            (train if index % 2 == 0 else held_out).append(timing)
     workload_models = {name: factory() for name, (factory, _) in WORKLOADS.items()}
     for f in MEMBERS:  # the optimizer pseudo-layer, timed on two parameter sizes not used below
         train.append(time_optimizer(MLP((32, 64, 10)), f, device, clock=clock))

@@ -81,7 +81,22 @@ def time_layer(layer: ProfiledLayer, members: int, device: torch.device | str = 
     (per-member inputs ``[F, ...]``, as an inner layer of a fused model), each round at least ``min_time_s``.
     ``clock``: wall time, or ``time.thread_time`` to count only this thread's CPU time (a shared CPU with
     one torch thread: what an idle core would take)."""
+    return time_layers([layer], members, device, rounds, min_time_s, clock)[0]
+
+
+def time_layers(layers: Sequence[ProfiledLayer], members: int, device: torch.device | str = "cpu", rounds: int = 5,
+                min_time_s: float = 0.002, clock: Callable[[], float] = time.perf_counter) -> list[LayerTiming]:
+    """:func:`time_layer` of each of ``layers``, their rounds interleaved: every layer's round ``r`` runs before
+    any layer's round ``r + 1``, so a burst of other work on a shared machine spoils one round of many layers
+    (which their medians drop) rather than every round of one. Holds all ``layers`` fused at once."""
     device = torch.device(device)
+    steps = [_layer_step(layer, members, device) for layer in layers]
+    seconds = _median_seconds(steps, device, rounds, min_time_s, clock)
+    return [LayerTiming(layer.features, members, s) for layer, s in zip(layers, seconds)]
+
+
+def _layer_step(layer: ProfiledLayer, members: int, device: torch.device) -> Callable[[], None]:
+    """Forward+backward of ``layer`` fused ``members`` times on example inputs ``[F, ...]``."""
     wrapped = [nn.Sequential(copy.deepcopy(layer.module)) for _ in range(members)]  # traced as a child layer
     fused = fuse(wrapped, fused_inputs=True).to(device)
     inputs = [_example_tensor((members, *shape), dtype, layer.module, device) for shape, dtype in layer.inputs]
@@ -91,7 +106,7 @@ def time_layer(layer: ProfiledLayer, members: int, device: torch.device | str = 
         if output.requires_grad:
             output.backward(torch.ones_like(output))
 
-    return LayerTiming(layer.features, members, _median_seconds(step, device, rounds, min_time_s, clock))
+    return step
 
 
 def time_optimizer(model: nn.Module, members: int, device: torch.device | str = "cpu", rounds: int = 5,
@@ -104,8 +119,8 @@ def time_optimizer(model: nn.Module, members: int, device: torch.device | str = 
     for p in params:
         p.grad = torch.ones_like(p)
     optimizer = SGD(params, lr=1e-3, momentum=0.9)
-    return LayerTiming(optimizer_features(model), members, _median_seconds(optimizer.step, device, rounds,
-                                                                           min_time_s, clock))
+    return LayerTiming(optimizer_features(model), members, _median_seconds([optimizer.step], device, rounds,
+                                                                           min_time_s, clock)[0])
 
 
 def fit_step_time_model(model: nn.Module, example: Tensor, members: Sequence[int] = (1, 4, 16),
@@ -115,7 +130,7 @@ def fit_step_time_model(model: nn.Module, example: Tensor, members: Sequence[int
     of ``members`` (``clock`` as in :func:`time_layer`)."""
     device = torch.device(device)
     layers = profile_layers(model, example)
-    timings = [time_layer(layer, f, device, clock=clock) for f in members for layer in layers]
+    timings = [timing for f in members for timing in time_layers(layers, f, device, clock=clock)]
     timings += [time_optimizer(model, f, device, clock=clock) for f in members]
     return StepTimeModel.fit(name or device_name(device), timings)
 
@@ -153,19 +168,23 @@ def _example_tensor(shape: tuple[int, ...], dtype: torch.dtype, module: nn.Modul
     return torch.randint(0, high, shape, dtype=dtype, device=device)
 
 
-def _median_seconds(step: Callable[[], None], device: torch.device, rounds: int, min_time_s: float,
-                    clock: Callable[[], float]) -> float:
-    step()  # warm-up
-    means = []
+def _median_seconds(steps: Sequence[Callable[[], None]], device: torch.device, rounds: int, min_time_s: float,
+                    clock: Callable[[], float]) -> list[float]:
+    """Per step, the median over ``rounds`` of its mean seconds per call in a round of at least ``min_time_s``;
+    the steps take turns round by round."""
+    for step in steps:
+        step()  # warm-up
+    means: list[list[float]] = [[] for _ in steps]
     for _ in range(rounds):
-        _synchronize(device)
-        start, calls = clock(), 0
-        while calls == 0 or clock() - start < min_time_s:
-            step()
-            calls += 1
-        _synchronize(device)
-        means.append((clock() - start) / calls)
-    return statistics.median(means)
+        for step, samples in zip(steps, means):
+            _synchronize(device)
+            start, calls = clock(), 0
+            while calls == 0 or clock() - start < min_time_s:
+                step()
+                calls += 1
+            _synchronize(device)
+            samples.append((clock() - start) / calls)
+    return [statistics.median(samples) for samples in means]
 
 
 def _synchronize(device: torch.device) -> None:

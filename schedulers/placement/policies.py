@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from schedulers.placement.cluster import GpuType
@@ -25,6 +25,30 @@ class PendingTrial:
     work: float
     waited_s: float = 0.0
     steps: int = 0
+
+
+@dataclass(frozen=True)
+class BusyGpu:
+    """A GPU of type ``gpu`` held by a running trial: ``work``: reference-GPU seconds of one of its steps (its
+    current members); ``planned_steps``: steps it runs before it gives the GPU back; ``done_steps``: steps done."""
+
+    gpu: str
+    work: float
+    planned_steps: int
+    done_steps: int
+
+    def remaining_s(self, types: Mapping[str, GpuType]) -> float:
+        """Predicted seconds until the GPU is given back: the steps left at the trial's step time on its type."""
+        return max(0, self.planned_steps - self.done_steps) * types[self.gpu].step_seconds(self.work)
+
+
+def busy_seconds(held: Iterable[BusyGpu], types: Mapping[str, GpuType]) -> dict[str, list[float]]:
+    """``busy`` for :meth:`PlacementPolicy.place`: per GPU type, the predicted seconds until each of its GPUs
+    in ``held`` is given back."""
+    busy: dict[str, list[float]] = {}
+    for gpu in held:
+        busy.setdefault(gpu.gpu, []).append(gpu.remaining_s(types))
+    return busy
 
 
 class PlacementPolicy(ABC):

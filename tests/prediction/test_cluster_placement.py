@@ -2,8 +2,8 @@
 import pytest
 
 from schedulers.placement.cluster import A100, H100, V100, Cluster, GpuType
-from schedulers.placement.policies import (EarliestFinish, ElasticEarliestFinish, ElasticHeterogeneityAware,
-                                           HeterogeneityAware, PendingTrial, TypeOblivious)
+from schedulers.placement.policies import (BusyGpu, EarliestFinish, ElasticEarliestFinish, ElasticHeterogeneityAware,
+                                           HeterogeneityAware, PendingTrial, TypeOblivious, busy_seconds)
 from schedulers.placement.simulator import TuningJob, job_stream, simulate
 
 TYPES = {g.name: g for g in (H100, A100, V100)}
@@ -41,6 +41,15 @@ def test_earliest_finish_waits_for_a_strong_gpu_only_while_that_is_quicker():
         policy.place([target], {"V100": 1}, TYPES)
     with pytest.raises(ValueError, match="steps"):
         policy.place([TARGET], {"V100": 1}, TYPES, busy={})
+
+
+def test_a_busy_gpu_is_given_back_after_its_trials_steps_left():
+    held = [BusyGpu("H100", 0.25, 54000, 50000), BusyGpu("V100", 0.004, 2000, 2000), BusyGpu("H100", 0.1, 100, 0)]
+    assert busy_seconds(held, TYPES) == {"H100": [4000 * H100.step_seconds(0.25), 100 * H100.step_seconds(0.1)],
+                                         "V100": [0.0]}
+    # the target waits for the H100 that frees first rather than run 3x longer on the free V100
+    target = PendingTrial("t", 0.25, steps=54000)
+    assert EarliestFinish().place([target], {"V100": 1}, TYPES, busy_seconds(held, TYPES)) == []
 
 
 def test_type_oblivious_placement_is_fifo_reproducible_and_uses_only_free_gpus():

@@ -82,6 +82,19 @@ def test_timed_layers_fit_a_model_that_predicts_more_time_for_more_members():
     assert 0 < model.step_seconds(features, 1) < model.step_seconds(features, 8)
 
 
+def test_timed_layers_take_turns_round_by_round(monkeypatch):
+    import hydro.profiling as profiling
+
+    layers = profile_layers(MLP((16, 8, 4)), torch.randn(2, 16))
+    calls = []
+    monkeypatch.setattr(profiling, "_layer_step", lambda layer, members, device: lambda: calls.append(layer.name))
+    ticks = iter(range(10**6))
+    timings = profiling.time_layers(layers, 2, rounds=3, min_time_s=0.0, clock=lambda: next(ticks))
+    names = [layer.name for layer in layers]
+    assert calls == names + names * 3  # one warm-up each, then every layer's round before anyone's next
+    assert [t.features for t in timings] == [layer.features for layer in layers] and {t.members for t in timings} == {2}
+
+
 def test_predicted_fusion_measures_only_the_candidates(monkeypatch):
     from hydro.trial import fusion
     from tests.tune.workload import small_digits, spec
