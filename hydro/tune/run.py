@@ -105,7 +105,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     no GPU): the searcher hands out up to ``max_fusion`` members per trial, each trial measures how many fit and
     train fast on its device and trains them in chunks of that many, and the group's later trials get that
     many members. ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
-    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``). Raises
+    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``fallback_targets``). Raises
     :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""
     if energy is not None and energy.batch_sizes and "batch_size" in param_space:
         raise ValueError("hydro tune --energy: the batch size is chosen per fused group by the energy bandit; remove "
