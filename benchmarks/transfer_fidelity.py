@@ -5,11 +5,13 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
   * Hydro S=4 / S=8: all N as µP surrogates of width ÷ S in one fused trial, then the best one's configuration
     trained at full size in µP (the target, as ``HydroSearcher``'s target trial trains it);
   * Hydro S=8 with the remedies of ``schedulers.transfer.TransferPolicy`` (seed repeats, width ladder, top-k
-    full-size targets), driven by the policy's own decisions.
+    full-size targets, fallback targets when the target regresses), driven by the policy's own decisions.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
 stock's top configuration, the noise), the returned configuration's own stock score against stock's best
-("config": the choice, without the target training's noise), Spearman rank correlation of the surrogates' scores (S=4, S=8) with the
-full-size ones over the N configurations, the transfer check of the remedies, and time. Training runs in
+("config": the choice, without the target training's noise), the target against the mean of stock's top
+configuration trained as a µP target over the same seeds ("vs µP": without the parametrization's share),
+Spearman rank correlation of the surrogates' scores (S=4, S=8) with the full-size ones over the N
+configurations, the transfer check of the remedies, and time. Training runs in
 this process with ``hydro.trial.FusedTrial`` (no Ray: the same unit Ray trials run, without scheduling
 overheads), one torch thread, one training at a time. Time is the process CPU time of the trainings: with
 one thread it is the wall time of an idle machine, and a shared machine's load does not inflate it. Writes
@@ -152,9 +154,10 @@ class Trainer:
         values = self.run(TrialPlan(TrialKind.SURROGATE, members, scale, mup=True))
         return scores_of((m.split("#")[0], v) for m, v in values.items())
 
-    def target(self, config: dict, mup: bool) -> float:
-        """``config`` at full size as Hydro's target trains it."""
-        return self.run(TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, config)], mup=mup))[TARGET_MEMBER_ID]
+    def target(self, config: dict, mup: bool, seed: int | None = None) -> float:
+        """``config`` at full size as Hydro's target trains it (``seed``: the spec's unless given)."""
+        spec = self.spec if seed is None else dataclasses.replace(self.spec, seed=seed)
+        return self.run(TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, config)], mup=mup), spec)[TARGET_MEMBER_ID]
 
 
 def stock(trainer: Trainer, configs: dict[str, dict]) -> dict[str, float]:
@@ -168,29 +171,37 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
     trainings (config id -> (value, seconds)), which are deterministic, across runs."""
     start = trainer.seconds
     stages = [trainer.surrogates(configs, policy.scale, policy.seeds)]
-    while (rung := policy.next_rung(stages)) is not None and rung.scale > 1:
-        stages.append(trainer.surrogates({c: configs[c] for c in rung.configs}, rung.scale, rung.seeds))
-    surrogate_seconds = trainer.seconds - start
-    if rung is not None:  # full size
+    trained: list[str] = []  # at full size: the targets, then any fallback targets
+    while (rung := policy.next_rung(stages)) is not None:
+        if rung.scale > 1:
+            stages.append(trainer.surrogates({c: configs[c] for c in rung.configs}, rung.scale, rung.seeds))
+            continue
         for c in rung.configs:
             if c not in targets:
                 before = trainer.seconds
                 targets[c] = (trainer.target(configs[c], mup=policy.scale > 1), trainer.seconds - before)
+                start += targets[c][1]  # counted from the cache below
+        trained += rung.configs
         stages.append({c: Score(targets[c][0], 0.0, 1) for c in rung.configs})
-    target_seconds = sum(targets[c][1] for c in rung.configs) if rung is not None else 0.0
+    surrogate_seconds = trainer.seconds - start
+    target_seconds = sum(targets[c][1] for c in trained)
+    planned = stages[:len(policy.scales())]  # without the fallback targets: what the regression check saw
     returned = policy.returned(stages)
     return {"seconds": surrogate_seconds + target_seconds, "target_seconds": target_seconds, "returned": returned,
-            "target": stages[-1][returned].mean, "cost_up_front": policy.describe(len(configs)),
+            "target": policy.by_scale(stages)[-1][1][returned].mean,
+            "cost_up_front": policy.describe(len(configs)),
             "trail": [(s, vars(score)) for s, score in policy.trail(stages, returned)],
             "checks": [vars(c) for c in policy.checks(stages)],
-            "regression": None if (r := policy.regression(stages)) is None else vars(r),
+            "regression": None if (r := policy.regression(planned)) is None else vars(r),
+            "fallback": [c for scores in stages[len(planned):] for c in scores],
             "search_scores": {c: s.mean for c, s in stages[0].items()}}
 
 
 # --- the benchmark ----------------------------------------------------------------------------------------------
 
-PLAIN = {"ladder": False, "top_k": 1, "seeds": 1}  # the best surrogate's configuration alone, one seed
+PLAIN = {"ladder": False, "top_k": 1, "seeds": 1, "fallback_targets": 0}  # the best surrogate's configuration alone
 VARIANTS = {name: {**PLAIN, **options} for name, options in {
+    "S=2": {"scale": 2},
     "S=4": {"scale": 4},
     "S=8": {"scale": 8},
     "S=8 seeds=3": {"scale": 8, "seeds": 3},
@@ -203,6 +214,12 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=4 ladder": {"scale": 4, "ladder": True},  # TransferPolicy's default
     "S=4 top-3": {"scale": 4, "top_k": 3},
     "S=4 ladder+seeds=2+top-2": {"scale": 4, "ladder": True, "seeds": 2, "top_k": 2},
+    "S=8 ladder+fallback-1": {"scale": 8, "ladder": True, "fallback_targets": 1},
+    "S=8 ladder+fallback-2": {"scale": 8, "ladder": True, "fallback_targets": 2},
+    "S=8 ladder+fallback-3": {"scale": 8, "ladder": True, "fallback_targets": 3},
+    "S=4 ladder+fallback-2": {"scale": 4, "ladder": True, "fallback_targets": 2},
+    "S=8 fallback-2": {"scale": 8, "fallback_targets": 2},
+    "S=4 fallback-2": {"scale": 4, "fallback_targets": 2},
 }.items()}
 
 
@@ -232,8 +249,12 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         noise_score = Score.of([full[top]] + [trainer.run(TrialPlan(TrialKind.PLAIN, [(top, configs[top])]),
                                                           dataclasses.replace(spec, seed=s))[top] for s in NOISE_SEEDS])
         runs = {}
-    print(f"[{workload.name}] stock: {stock_seconds:.0f} s, best {top} {full[top]:.4f}; its seeds {noise_score}",
-          flush=True)
+    if previous is not None and "best_mup" in previous["stock"] and previous["configs"] == configs:
+        mup_score = Score(**previous["stock"]["best_mup"])
+    else:  # the parametrization's share of a shortfall: stock's best configuration as Hydro's target trains it
+        mup_score = Score.of([trainer.target(configs[top], mup=True, seed=s) for s in (spec.seed, *NOISE_SEEDS)])
+    print(f"[{workload.name}] stock: {stock_seconds:.0f} s, best {top} {full[top]:.4f}; its seeds {noise_score}; "
+          f"as a µP target {mup_score}", flush=True)
     targets = {}
     for name in variants:
         policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, **VARIANTS[name])
@@ -249,9 +270,11 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
               flush=True)
     for run in runs.values():  # the returned configuration as stock trained it: the choice, without target noise
         run["config_shortfall"] = shortfall(spec, full[run["returned"]], full[top])
+        run["shortfall_mup"] = shortfall(spec, run["target"], mup_score.mean)
     return {"kind": workload.kind, "metric": spec.metric, "mode": spec.mode, "epochs": spec.epochs,
             "configs": configs, "stock": {"seconds": stock_seconds, "scores": full, "best": top,
-                                          "best_value": full[top], "best_seeds": vars(noise_score)},
+                                          "best_value": full[top], "best_seeds": vars(noise_score),
+                                          "best_mup": vars(mup_score)},
             "runs": runs}
 
 
@@ -264,15 +287,17 @@ def report(results: dict) -> None:
         noise = stock_res["best_seeds"]
         print(f"\n[{name}] {res['kind']}; {res['metric']} ({res['mode']}), {res['epochs']} epochs")
         print(f"  stock: {stock_res['seconds']:.0f} s, best {stock_res['best_value']:.4f}; its config over "
-              f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}")
+              f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}, as a µP target "
+              f"{stock_res['best_mup']['mean']:.4f} ± {stock_res['best_mup']['spread']:.4f}")
         print(f"  {'variant':<26} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
-              f"{'Spearman':>8} {'checks (rho)':>14} {'warns':>5}  trail (scale: score)")
+              f"{'vs µP':>7} {'Spearman':>8} {'checks (rho)':>14} {'warns':>5} {'fallback':>8}  trail (scale: score)")
         for variant, run in res["runs"].items():
             checks = ",".join(f"{c['rho']:.2f}" for c in run["checks"] if c["configs"] >= 3) or "-"
             trail = " -> ".join(f"{s}: {v['mean']:.4f}" for s, v in run["trail"])
             print(f"  {variant:<26} {run['seconds']:7.0f} {run['speedup']:7.1f}x {run['target']:8.4f} "
-                  f"{run['shortfall']:+9.4f} {run['config_shortfall']:+7.4f} {run['spearman_search_vs_full']:8.2f} {checks:>14} "
-                  f"{'yes' if run['low_check'] else 'no':>5}  {trail}")
+                  f"{run['shortfall']:+9.4f} {run['config_shortfall']:+7.4f} "
+                  f"{run['shortfall_mup']:+7.4f} {run['spearman_search_vs_full']:8.2f} {checks:>14} "
+                  f"{'yes' if run['low_check'] else 'no':>5} {','.join(run.get('fallback', [])) or '-':>8}  {trail}")
 
 
 def plot(results: dict, path: Path) -> None:

@@ -13,10 +13,14 @@ different validation optimum and single-seed scores are noisy. Remedies, all dec
 - *transfer check*: Spearman rank agreement between consecutive scales over the configurations trained at both
   (:class:`TransferCheck`), low when confidently below ``min_agreement``; and the returned configuration's
   full-size score against its score at the finest surrogate scale (:class:`TargetRegression`): a full-size model
-  that does worse than its own surrogate is the sign of a choice that did not transfer.
+  that does worse than its own surrogate is the sign of a choice that did not transfer;
+- *fallback targets*: when the target regresses, the next ``fallback_targets`` configurations in ladder order
+  (the finest surrogate stage's ranking, then the next coarser stage's for the ones it eliminated, ...) train
+  at full size too, once, and the best full-size one on validation is returned.
 
 Scales are width divisors (1 = full size). Stages are the search (at S) and the stages after it (ladder rungs,
-then full size); decisions take the scores of the finished stages, in order.
+then full size, then the fallback targets, also full size); decisions take the scores of the finished stages,
+in order. The full-size stages count as one scale: the fallback targets join the targets.
 """
 from __future__ import annotations
 
@@ -149,8 +153,9 @@ class TransferPolicy:
     ``top_k``: configurations trained at full size. ``seeds``: repeats of each configuration in surrogate
     stages. ``min_agreement``: a transfer check whose Spearman rho is confidently below this is low.
     ``max_target_drop``: a full-size score worse than the same configuration's finest surrogate score by more
-    than this fraction is a :class:`TargetRegression`. An unshrunk search (``scale`` 1) has nothing to transfer:
-    its one stage re-trains its best configuration at full size.
+    than this fraction is a :class:`TargetRegression`. ``fallback_targets``: on a regression of the returned
+    target, the next configurations in ladder order trained at full size (at most this many, once). An unshrunk
+    search (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full size.
 
     Defaults (the ladder, one full-size target, one seed) are what won ``benchmarks/transfer_fidelity.py``: as
     good as top-2 or seed repeats on its workloads, for less."""
@@ -166,11 +171,12 @@ class TransferPolicy:
     seeds: int = 1
     min_agreement: float = 0.5
     max_target_drop: float = 0.01
+    fallback_targets: int = 0
 
     def __post_init__(self) -> None:
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ValueError(f"transfer_fraction must be in (0, 1] or None, got {self.fraction}")
-        for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2)):
+        for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2), ("fallback_targets", 0)):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
                 raise ValueError(f"TransferPolicy: {name} must be an int >= {low}, got {getattr(self, name)!r}")
         if not self.max_target_drop >= 0:
@@ -197,7 +203,8 @@ class TransferPolicy:
     # --- what they train -----------------------------------------------------------------------------------
 
     def scales(self) -> list[int]:
-        """The scale of every stage: the search's S, then S/2, S/4, ... (above 1) with the ladder, then 1."""
+        """The scale of every planned stage: the search's S, then S/2, S/4, ... (above 1) with the ladder, then 1
+        (the fallback targets, when they train, are one more full-size stage)."""
         rungs, scale = [self.scale], self.scale // 2
         while self.ladder and scale > FULL_SIZE:
             rungs.append(scale)
@@ -205,7 +212,7 @@ class TransferPolicy:
         return [*rungs, FULL_SIZE]
 
     def schedule(self, candidates: int) -> list[tuple[int, int, int]]:
-        """``(scale, configurations, seeds)`` of each stage after the search, for ``candidates`` scored
+        """``(scale, configurations, seeds)`` of each planned stage after the search, for ``candidates`` scored
         configurations."""
         stages, count = [], candidates
         for scale in self.scales()[1:]:
@@ -214,41 +221,79 @@ class TransferPolicy:
             stages.append((scale, count, self.seeds if scale > FULL_SIZE else 1))
         return stages
 
+    def fallbacks(self, candidates: int) -> int:
+        """The most fallback targets a search of ``candidates`` scored configurations can train (none unshrunk)."""
+        return 0 if self.scale == FULL_SIZE else min(self.fallback_targets, candidates - self.schedule(candidates)[-1][1])
+
     def cost(self, candidates: int) -> float:
-        """Estimated cost of the stages after the search in full-size trainings, taking a member's compute as
-        proportional to width² (dense layers): the sum over stages of configurations × seeds ÷ scale²."""
+        """Estimated cost of the planned stages after the search in full-size trainings, taking a member's compute
+        as proportional to width² (dense layers): the sum over stages of configurations × seeds ÷ scale²; the
+        fallback targets, if they train, add one each (:meth:`fallbacks`)."""
         return sum(count * seeds / scale ** 2 for scale, count, seeds in self.schedule(candidates))
 
     def describe(self, candidates: int) -> str:
-        """The stages after the search and their cost, to show before they run."""
+        """The stages after the search and their cost, the most the fallback targets can add included, to show
+        before they run."""
         stages = ", ".join(f"{count}" + (f"×{seeds} seeds" if seeds > 1 else "")
                            + (" at full size" if scale == FULL_SIZE else f" at S={scale}")
                            for scale, count, seeds in self.schedule(candidates))
-        return f"{stages}: about {self.cost(candidates):.2f} full-size trainings (compute ∝ width²)"
+        cost, fallbacks = self.cost(candidates), self.fallbacks(candidates)
+        return f"{stages}: about {cost:.2f} full-size trainings (compute ∝ width²)" + (
+            f"; if the target does worse than its surrogate, up to {fallbacks} more at full size (at most "
+            f"{cost + fallbacks:.2f})" if fallbacks else "")
 
     def next_rung(self, stages: Stages) -> Rung | None:
-        """The next stage to train, from the scores of the finished ones (``stages[0]``: the search's), or
-        ``None`` when full size is done or the last stage has no score."""
-        scales = self.scales()
-        if not stages or len(stages) >= len(scales) or not stages[-1]:
+        """The next stage to train, from the scores of the finished ones (``stages[0]``: the search's): the planned
+        stages in turn, then the fallback targets if the returned target regressed (:meth:`regression`);
+        ``None`` when there is none left or the last stage has no score."""
+        planned = self.scales()
+        if not stages or not stages[-1]:
             return None
-        ranked = self.ranking(stages[-1])
-        scale, count, seeds = self.schedule(len(stages[0]))[len(stages) - 1]
-        return Rung(scale, ranked[:count], seeds)
+        if len(stages) < len(planned):
+            scale, count, seeds = self.schedule(len(stages[0]))[len(stages) - 1]
+            return Rung(scale, self.ranking(stages[-1])[:count], seeds)
+        if len(stages) > len(planned) or self.fallbacks(len(stages[0])) == 0 or self.regression(stages) is None:
+            return None
+        trained = self.next_rung(stages[:-1]).configs  # the targets, failed ones included
+        fallback = [c for c in self.ladder_order(stages) if c not in trained][:self.fallback_targets]
+        return Rung(FULL_SIZE, fallback, 1) if fallback else None
+
+    def final(self, stages: Stages) -> bool:
+        """Whether the stage :meth:`next_rung` returns after ``stages`` is the last that can train (no fallback
+        targets can follow it)."""
+        return len(stages) >= len(self.scales()) - (1 if self.fallbacks(len(stages[0])) == 0 else 0)
+
+    def ladder_order(self, stages: Stages) -> list[str]:
+        """The surrogate-scored configurations, best first: by the finest surrogate stage each reached, then by
+        its score there."""
+        order: list[str] = []
+        for scores in reversed(stages[:len(self.scales()) - 1]):
+            order += [c for c in self.ranking(scores) if c not in order]
+        return order
 
     def ranking(self, scores: Mapping[str, Score]) -> list[str]:
         """Config ids by mean score, best first (ties keep their order)."""
         sign = -1.0 if self.mode == "max" else 1.0
         return sorted(scores, key=lambda c: sign * scores[c].mean)
 
+    def by_scale(self, stages: Stages) -> list[tuple[int, dict[str, Score]]]:
+        """The scores at each scale trained so far, coarse to fine: the stages with their scales, the full-size
+        ones (targets, fallback targets) merged into one."""
+        planned = self.scales()
+        out = [(scale, dict(scores)) for scale, scores in zip(planned[:-1], stages)]
+        if len(stages) >= len(planned):
+            out.append((FULL_SIZE, {c: s for scores in stages[len(planned) - 1:] for c, s in scores.items()}))
+        return out
+
     def returned(self, stages: Stages) -> str | None:
-        """The configuration the run returns: the best of the last stage with a score."""
-        scored = [s for s in stages if s]
+        """The configuration the run returns: the best at the finest scale with a score (at full size: the best
+        of the targets and fallback targets)."""
+        scored = [scores for _, scores in self.by_scale(stages) if scores]
         return self.ranking(scored[-1])[0] if scored else None
 
     def checks(self, stages: Stages) -> list[TransferCheck]:
-        """Rank agreement of every pair of consecutive stages, coarse to fine."""
-        out, pairs = [], list(zip(self.scales(), stages))
+        """Rank agreement of every pair of consecutive scales, coarse to fine."""
+        out, pairs = [], self.by_scale(stages)
         for (coarse, a), (fine, b) in zip(pairs, pairs[1:]):
             common = [c for c in b if c in a]
             rho = spearman([a[c].mean for c in common], [b[c].mean for c in common]) if len(common) >= 3 else math.nan
@@ -273,4 +318,4 @@ class TransferPolicy:
 
     def trail(self, stages: Stages, config: str) -> list[tuple[int, Score]]:
         """``config``'s score at each scale it was trained at, coarse to fine."""
-        return [(scale, scores[config]) for scale, scores in zip(self.scales(), stages) if config in scores]
+        return [(scale, scores[config]) for scale, scores in self.by_scale(stages) if config in scores]

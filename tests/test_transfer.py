@@ -1,4 +1,4 @@
-"""TransferPolicy (pure): seed repeats, width ladder, top-k targets, transfer check."""
+"""TransferPolicy (pure): seed repeats, width ladder, top-k targets, transfer check, fallback targets."""
 import math
 
 import pytest
@@ -125,6 +125,66 @@ def test_a_full_size_target_worse_than_its_surrogate_is_a_regression(mode, surro
     assert p.regression(stages[:2]) is None  # no full-size score yet
     with pytest.raises(ValueError, match="max_target_drop must be >= 0"):
         policy(max_target_drop=-0.1)
+
+
+def fallback_policy(**kwargs):
+    return policy(scale=8, ladder=True, eta=2, fallback_targets=2, **kwargs)  # S=8 search, S=4 and S=2 rungs
+
+
+def ladder_search():
+    """8 configurations at S=8, c7 best; S=4 keeps c7..c4 and reverses them (c4 best), S=2 keeps c4, c5."""
+    return scores_of((f"c{i}", i / 10) for i in range(8))
+
+
+def ladder_quality(full):
+    def quality(config, scale):
+        i = int(config[1:])
+        return {8: i / 10, 4: 1 - i / 10, 2: 1 - i / 10, 1: full.get(config, 0.0)}[scale]
+    return quality
+
+
+def test_fallback_targets_train_only_when_the_target_regresses_and_the_best_full_size_one_is_returned():
+    p = fallback_policy()
+    # c4 scores 0.6 at S=2 and 0.5 at full size (17% worse): c5 (second at S=2), then c6 (best of the rest at
+    # S=4) train at full size; c6 does best there and is returned, though the target was c4.
+    rungs, stages = run_stages(p, ladder_search(), ladder_quality({"c4": 0.5, "c5": 0.45, "c6": 0.55, "c7": 0.9}))
+    assert [(r.scale, r.configs) for r in rungs] == [(4, ["c7", "c6", "c5", "c4"]), (2, ["c4", "c5"]),
+                                                     (1, ["c4"]), (1, ["c5", "c6"])]
+    assert not p.final(stages[:3]) and p.final(stages[:4])  # a fallback can follow the target, not itself
+    assert p.returned(stages) == "c6" and p.returned(stages[:4]) == "c4"
+    assert [(s, score.mean) for s, score in p.trail(stages, "c6")] == [(8, 0.6), (4, 0.4), (1, 0.55)]
+    assert p.trail(stages, "c4")[-1] == (1, Score(0.5, 0.0, 1))
+    regression = p.regression(stages)  # c6 did better at full size than at S=4: no regression left
+    assert regression is None and p.regression(stages[:4]).config == "c4"
+    # the full-size stages are one scale to the checks: S=2 vs full size over c4, c5 (both trained at both)
+    assert [(c.coarse, c.fine, c.configs) for c in p.checks(stages)] == [(8, 4, 4), (4, 2, 2), (2, 1, 2)]
+    assert p.describe(8) == "4 at S=4, 2 at S=2, 1 at full size: about 1.75 full-size trainings (compute ∝ " \
+                            "width²); if the target does worse than its surrogate, up to 2 more at full size " \
+                            "(at most 3.75)"
+
+
+def test_no_fallback_when_the_target_holds_or_when_none_is_asked_for():
+    holds = {"c4": 0.6 * 0.995}  # within max_target_drop (1%) of its S=2 score
+    rungs, stages = run_stages(fallback_policy(), ladder_search(), ladder_quality(holds))
+    assert [r.scale for r in rungs] == [4, 2, 1] and fallback_policy().returned(stages) == "c4"
+    regressed = ladder_quality({"c4": 0.5})
+    rungs, stages = run_stages(policy(scale=8, ladder=True, eta=2), ladder_search(), regressed)  # default: none
+    assert [r.scale for r in rungs] == [4, 2, 1] and policy(scale=8, eta=2).regression(stages).config == "c4"
+    assert policy(scale=8, ladder=True, eta=2).final(stages[:3])
+    assert "fallback" not in policy(scale=8).describe(16) and "if the target" not in policy(scale=8).describe(16)
+    assert policy(scale=1, fallback_targets=2).fallbacks(16) == 0  # unshrunk: nothing to fall back from
+
+
+def test_fallback_targets_are_bounded_by_the_configurations_left():
+    p = policy(scale=4, ladder=False, top_k=2, fallback_targets=5)  # 3 configurations, 2 of them targets
+    search = scores_of([("a", 0.9), ("b", 0.8), ("c", 0.7)])
+    rungs, stages = run_stages(p, search, lambda c, s: {"a": 0.5, "b": 0.4, "c": 0.3}[c] if s == 1 else None)
+    assert [(r.scale, r.configs) for r in rungs] == [(1, ["a", "b"]), (1, ["c"])]  # one left, once
+    assert p.returned(stages) == "a" and p.fallbacks(3) == 1 and p.next_rung(stages) is None
+    failed = [search, {}]  # the targets failed: no score, so no regression and no fallback
+    assert p.next_rung(failed) is None and p.returned(failed) == "a"
+    with pytest.raises(ValueError, match="fallback_targets must be an int >= 0"):
+        policy(fallback_targets=-1)
 
 
 def test_spearman_matches_scipy_with_ties():

@@ -11,7 +11,7 @@ from hydro.examples.models import MLP
 from hydro.trial.plan import TrialKind, plan_of
 from hydro.tune import HydroSearcher, best_configuration, member_table, trainable
 from tests.tune.test_searcher import Scripted, member_result
-from tests.tune.workload import SPACE, spec
+from tests.tune.workload import SPACE, dead_at_full_width, spec
 
 
 def finish(s, trial_id, plan, acc):
@@ -97,9 +97,61 @@ def test_failed_target_and_restore_mid_ladder(tmp_path):
                                                  "S=4: 0.2, S=2: 0.9")
 
 
+def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
+    s = HydroSearcher(spec(), num_samples=4, scale=4, fusion=4, ladder=True, eta=2, fallback_targets=2, seed=0)
+    s.set_search_properties("val_acc", "max", SPACE)
+    with caplog.at_level(logging.INFO, logger="hydro.tune.searcher"):
+        finish(s, "t0", plan_of(s.suggest("t0")), lambda m: int(m[1:]) / 10)  # S=4: m00003 best
+        rung = plan_of(s.suggest("r2"))
+        assert [m for m, _ in rung.members] == ["m00003@2", "m00002@2"]
+        finish(s, "r2", rung, lambda m: 0.8 if m.startswith("m00003") else 0.7)
+        assert "if the target does worse than its surrogate, up to 2 more at full size (at most" in caplog.text
+        target = plan_of(s.suggest("target"))
+        assert target.source["member"] == "m00003"
+        assert s.suggest("wait") is None  # not finished: fallback targets may follow
+        s.on_trial_complete("target", {"val_acc": 0.6})  # 25% worse than at S=2
+        fallbacks = [plan_of(s.suggest("f1")), plan_of(s.suggest("f2"))]
+        assert s.suggest("after") == Searcher.FINISHED
+        # the second at S=2, then the best of the rest at S=4; each with the scores it has
+        assert [(p.kind, p.scale, p.source["member"], p.source["val_acc"]) for p in fallbacks] == \
+            [(TrialKind.TARGET, 1, "m00002", 0.7), (TrialKind.TARGET, 1, "m00001", 0.1)]
+        assert fallbacks[1].source["scores"] == {"4": "0.1"}
+        assert "the target m00003 scored 0.6 at full size, 25.0% worse than at S=2 (0.8): training 2 fallback " \
+               "target(s) at full size, m00002, m00001" in caplog.text
+        s.on_trial_complete("f2", {"val_acc": 0.65})
+        s.on_trial_complete("f1", {"val_acc": 0.75})
+    assert s.transfer_report() == "val_acc of the returned configuration m00002 at each scale: S=4: 0.2, S=2: 0.7, " \
+                                  "full size: 0.75"  # S=2 vs full size over 2 configurations: no rho
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "fallback target(s)" in warnings[0]  # the returned configuration held
+
+
 def test_bad_transfer_settings_are_rejected_before_the_run():
     with pytest.raises(ValueError, match="top_k must be an int >= 1"):
         HydroSearcher(spec(), num_samples=4, top_k=0)
+
+
+def test_a_regressed_target_gets_fallback_targets_on_a_local_cluster(ray_cluster, tmp_path):
+    workload = spec(epochs=2, model=dead_at_full_width)
+    searcher = HydroSearcher(workload, num_samples=4, fusion=4, scale=4, seed=0, ladder=True, eta=2,
+                             fallback_targets=2)
+    space = {"lr": tune.loguniform(0.05, 0.5), "momentum": 0.9}  # every surrogate learns
+    results = tune.Tuner(
+        trainable(workload), param_space=space,
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, metric="val_acc", mode="max"),
+        run_config=tune.RunConfig(name="fallback", storage_path=str(tmp_path), verbose=0)).fit()
+    assert not results.errors
+    table = member_table(results, workload)
+    targets = table[table["kind"] == "target"]
+    stages = searcher.state.transfer.stages
+    assert [len(s) for s in stages] == [4, 2, 1, 2]  # search, S=2, the target, 2 fallback targets
+    target, = stages[2]
+    trained = [plan_of(r.config).source["member"] for r in results if plan_of(r.config).kind == TrialKind.TARGET]
+    assert sorted(trained) == sorted([target, *stages[3]]) and len(targets) == 3
+    assert searcher.transfer.regression(stages[:3]).config == target  # a chance-level full-size model
+    best = best_configuration(results, workload)
+    assert best["kind"] == "target" and best["value"] == pytest.approx(targets["val_acc"].max())
+    assert best["source"]["member"] == searcher.transfer.returned(stages)
 
 
 def test_ladder_seeds_and_top_k_on_a_local_cluster(ray_cluster, tmp_path):

@@ -5,7 +5,8 @@ Each Ray trial is one fused group of up to F members (configurations). A thin ad
 under member ids, group by ``TuneSpec.group_key``, take groups of the planned size,
 :mod:`schedulers.member_pool`), the member ledger (each member's results reach the inner searcher as its own
 trial, once, :mod:`schedulers.member_ledger`), the transfer policy (when the transfer stages start, what they train
-— seed repeats, a width ladder, top-k full-size targets — and the transfer check, :mod:`schedulers.transfer`) and a fusion planner (:mod:`hydro.trial.fusion`). The run's
+— seed repeats, a width ladder, top-k full-size targets, fallback targets after a regressed one — and the
+transfer check, :mod:`schedulers.transfer`) and a fusion planner (:mod:`hydro.trial.fusion`). The run's
 best result is the best target's: the best configurations at full size, in µP when the members were shrunk.
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ logger = logging.getLogger(__name__)
 class TransferState:
     """The transfer stages of a search: ``stages``: scores of the finished stages (config id -> score), the
     search's first; ``rung``: the stage in progress, its ``members`` (surrogate stages) and the ``waiting``
-    fused groups or target configurations not yet started; ``targets``: full-size trial id -> config id,
+    fused groups or target configurations not yet started; ``targets``: full-size trial id -> config id (the
+    targets' and fallback targets'),
     ``target_values`` the final values of those that ended (``None``: failed before a report). A config id is
     the id of the search member the inner searcher drew; its seed repeats are ``<id>#<seed>``, its ladder
     members ``<id>@<scale>[#<seed>]``. ``forwarded``: configs whose completion the inner searcher heard.
@@ -88,11 +90,15 @@ class HydroSearcher(Searcher):
     :class:`~schedulers.transfer.TransferPolicy`: ``seeds`` repeats of each configuration in surrogate trials
     (their score: mean ± spread), a width ``ladder`` (the best ``1/eta`` re-trained at S/2, S/4, ...), then
     the ``top_k`` best at full size, the best of which on validation is returned (default: the ladder, one
-    target, one seed; ``ladder=False``: the best member's configuration alone); the run logs their cost up front, the returned configuration's score
-    at each scale and the transfer check (a warning when rankings of consecutive scales disagree). Use it with ``TuneConfig(num_samples=-1)``: this
-    searcher says when the run has no more trials. ``data``: the ``spec.load_data()`` the driver already
-    loaded, to plan fusion with (default: loaded when needed). ``trial_cpus``: CPUs (torch threads) each trial
-    trains with (Tune's default: 1); ``plan_fusion`` measures with as many.
+    target, one seed; ``ladder=False``: the best member's configuration alone); ``fallback_targets``: when the
+    returned target does worse at full size than at its finest surrogate scale, that many more configurations
+    (the next in ladder order) train at full size and the best full-size one is returned. The run logs the
+    stages' cost up front (the fallback targets' as a maximum), the returned configuration's score at each scale
+    and the transfer check (a warning when rankings of consecutive scales disagree). Use it with
+    ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials. ``data``: the
+    ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when needed).
+    ``trial_cpus``: CPUs (torch threads) each trial trains with (Tune's default: 1); ``plan_fusion`` measures
+    with as many.
     """
 
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int = 1,
@@ -307,9 +313,10 @@ class HydroSearcher(Searcher):
         if rung.scale == FULL_SIZE:
             ((config_id, config),) = group
             transfer.targets[trial_id] = config_id
-            transfer.started = not transfer.waiting
-            source = {"member": config_id, self.spec.metric: transfer.stages[-1][config_id].mean,
-                      "scores": {str(s): str(v) for s, v in self.transfer.trail(transfer.stages, config_id)}}
+            transfer.started = not transfer.waiting and self.transfer.final(transfer.stages)
+            trail = self.transfer.trail(transfer.stages, config_id)
+            source = {"member": config_id, self.spec.metric: trail[-1][1].mean,
+                      "scores": {str(s): str(v) for s, v in trail}}
             logger.info("training the full-size target with %s's configuration %s", config_id, config)
             plan = TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, config)], scale=1, mup=self.scale > 1,
                              source=source)
@@ -326,9 +333,9 @@ class HydroSearcher(Searcher):
             if transfer.waiting:
                 return
             if rung.scale == FULL_SIZE:
-                if len(transfer.target_values) < len(rung.configs):
+                if any(c not in transfer.target_values for c in rung.configs):
                     return
-                transfer.stages.append(scores_of(transfer.target_values.items()))
+                transfer.stages.append(scores_of((c, transfer.target_values[c]) for c in rung.configs))
             else:
                 finished = self.state.ledger.finished
                 if any(m not in finished for m in transfer.members):
@@ -341,6 +348,12 @@ class HydroSearcher(Searcher):
         configs = {c: self.state.pool.configs[c] for c in transfer.rung.configs}
         if transfer.rung.scale == FULL_SIZE:
             transfer.waiting = [[(c, config)] for c, config in configs.items()]
+            regression = self.transfer.regression(transfer.stages)
+            if regression is not None:  # the targets trained: these are the fallback targets
+                logger.warning("transfer check: the target %s scored %.4g at full size, %.1f%% worse than at S=%d "
+                               "(%.4g): training %d fallback target(s) at full size, %s, and returning the best "
+                               "full-size one", regression.config, regression.full_size, 100 * regression.drop,
+                               regression.scale, regression.surrogate, len(configs), ", ".join(configs))
             return
         members = [(_repeat_id(f"{c}@{transfer.rung.scale}", s), config) for c, config in configs.items()
                    for s in range(transfer.rung.seeds)]
@@ -369,7 +382,7 @@ class HydroSearcher(Searcher):
             logger.warning("transfer check: the returned configuration %s scored %.4g at full size, %.1f%% worse "
                            "than at S=%d (%.4g): a full-size model should not do worse than its surrogate, so the "
                            "surrogates' choice may not hold at full size (seen on overfitting workloads); try a "
-                           "smaller scale or top_k=2", regression.config, regression.full_size,
+                           "smaller scale, top_k=2 or fallback_targets=2", regression.config, regression.full_size,
                            100 * regression.drop, regression.scale, regression.surrogate)
 
     def _forward(self, events) -> None:

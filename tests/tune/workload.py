@@ -93,6 +93,19 @@ def mlp_or_untraceable(config):
     return Untraceable() if config["kind"] == "untraceable" else mlp(config)
 
 
+class DeadAtFullWidth(nn.Module):
+    """Zeroes its input ``[..., width]`` at the full width 64 (no signal reaches the readout, which then predicts
+    one class), passes the narrower surrogates' through."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (x.shape[-1] < 64)
+
+
+def dead_at_full_width(config):
+    """A 64-64-10 MLP whose full-size model cannot learn and its surrogates can: its target always regresses."""
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), DeadAtFullWidth(), nn.Linear(64, 10))
+
+
 def sgd(params, config):
     return torch.optim.SGD(params, lr=config["lr"], momentum=config["momentum"])
 
