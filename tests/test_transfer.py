@@ -48,7 +48,8 @@ def test_width_ladder_promotes_the_best_members_and_ends_at_full_size():
     assert stages[3]["c16"].count == 1
     assert p.cost(24) == pytest.approx(8 * 2 / 16 + 3 * 2 / 4 + 2)
     assert p.describe(24) == "8×2 seeds at S=4, 3×2 seeds at S=2, 2 at full size: about 4.50 full-size trainings " \
-                             "(compute ∝ width²)"
+                             "(compute ∝ width²); if the target does worse than its surrogate, up to 2 more at " \
+                             "full size (at most 6.50)"
 
 
 def test_top_k_without_ladder_returns_the_best_at_full_size():
@@ -168,10 +169,11 @@ def test_no_fallback_when_the_target_holds_or_when_none_is_asked_for():
     rungs, stages = run_stages(fallback_policy(), ladder_search(), ladder_quality(holds))
     assert [r.scale for r in rungs] == [4, 2, 1] and fallback_policy().returned(stages) == "c4"
     regressed = ladder_quality({"c4": 0.5})
-    rungs, stages = run_stages(policy(scale=8, ladder=True, eta=2), ladder_search(), regressed)  # default: none
-    assert [r.scale for r in rungs] == [4, 2, 1] and policy(scale=8, eta=2).regression(stages).config == "c4"
-    assert policy(scale=8, ladder=True, eta=2).final(stages[:3])
-    assert "fallback" not in policy(scale=8).describe(16) and "if the target" not in policy(scale=8).describe(16)
+    none = {"scale": 8, "ladder": True, "eta": 2, "fallback_targets": 0}
+    rungs, stages = run_stages(policy(**none), ladder_search(), regressed)
+    assert [r.scale for r in rungs] == [4, 2, 1] and policy(**none).regression(stages).config == "c4"
+    assert policy(**none).final(stages[:3]) and not policy(scale=8, ladder=True, eta=2).final(stages[:3])  # default: 2
+    assert "if the target" not in policy(**none).describe(16) and "up to 2 more" in policy(scale=8).describe(16)
     assert policy(scale=1, fallback_targets=2).fallbacks(16) == 0  # unshrunk: nothing to fall back from
 
 

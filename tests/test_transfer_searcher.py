@@ -25,7 +25,8 @@ def finish(s, trial_id, plan, acc):
 def test_seeds_ladder_and_top_k_targets(caplog):
     configs = [{"lr": 0.01 * (i + 1), "momentum": 0.0} for i in range(6)]
     inner = Scripted(configs)
-    s = HydroSearcher(spec(), inner, num_samples=6, scale=8, fusion=4, ladder=True, eta=2, top_k=2, seeds=2)
+    s = HydroSearcher(spec(), inner, num_samples=6, scale=8, fusion=4, ladder=True, eta=2, top_k=2, seeds=2,
+                      fallback_targets=0)  # fallbacks: below
     s.set_search_properties("val_acc", "max", {})
     # S=8: config i scores i/10 (seed 1: + 0.02); at S=4 and S=2 the order of what is left reverses.
     quality = {8: lambda i: i / 10, 4: lambda i: 1 - i / 10, 2: lambda i: 1 - i / 10}
@@ -157,7 +158,7 @@ def test_a_regressed_target_gets_fallback_targets_on_a_local_cluster(ray_cluster
 def test_ladder_seeds_and_top_k_on_a_local_cluster(ray_cluster, tmp_path):
     workload = spec(epochs=2, model=lambda config: MLP((64, 64, 64, 10)))
     searcher = HydroSearcher(workload, num_samples=4, fusion=8, scale=4, seed=0, ladder=True, eta=2, top_k=2,
-                             seeds=2)
+                             seeds=2, fallback_targets=0)  # fallback targets: the test below
     results = tune.Tuner(
         trainable(workload), param_space=SPACE,
         tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, metric="val_acc", mode="max",

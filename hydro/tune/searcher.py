@@ -90,9 +90,10 @@ class HydroSearcher(Searcher):
     :class:`~schedulers.transfer.TransferPolicy`: ``seeds`` repeats of each configuration in surrogate trials
     (their score: mean ± spread), a width ``ladder`` (the best ``1/eta`` re-trained at S/2, S/4, ...), then
     the ``top_k`` best at full size, the best of which on validation is returned (default: the ladder, one
-    target, one seed; ``ladder=False``: the best member's configuration alone); ``fallback_targets``: when the
-    returned target does worse at full size than at its finest surrogate scale, that many more configurations
-    (the next in ladder order) train at full size and the best full-size one is returned. The run logs the
+    target, one seed, 2 fallback targets; ``ladder=False``: the best member's configuration alone);
+    ``fallback_targets``: when the returned target does worse at full size than at its finest surrogate scale,
+    that many more configurations (the next in ladder order) train at full size and the best full-size one is
+    returned. The run logs the
     stages' cost up front (the fallback targets' as a maximum), the returned configuration's score at each scale
     and the transfer check (a warning when rankings of consecutive scales disagree). Use it with
     ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials. ``data``: the
