@@ -123,7 +123,8 @@ def summarize(blocks: list[dict], alone: list[dict]) -> dict:
             "bubble_fraction": statistics.median(b["bubble_fraction"] for b in blocks),
             "fill_member_steps_per_s": sum(b["fill_member_steps_per_s"] * b["iteration_s"] for b in blocks) / wall,
             "bubble_use": sum(b["bubble_use"] * b["bubble_s_per_iteration"] for b in blocks) / bubble,
-            "rounds": len(blocks)}
+            "rounds": len(blocks), "round_slowdowns": slowdowns,
+            "round_iteration_s": [b["iteration_s"] for b in blocks]}
 
 
 def main() -> None:
