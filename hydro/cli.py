@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 
 
@@ -35,11 +36,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # fusion plans) on stderr. Ray's worker processes keep their own logging set-up.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     logging.getLogger("hydro").setLevel(logging.INFO)
-    try:
+    library_format, warnings.formatwarning = warnings.formatwarning, _one_line  # the warning, not the line
+    try:                                                                          # of library code raising it
         return int(args.func(args) or 0)
     except UsageError as error:
         print(error, file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = library_format
+
+
+def _one_line(message, category, filename, lineno, line=None) -> str:
+    return f"{category.__name__}: {message}\n"
 
 
 if __name__ == "__main__":
