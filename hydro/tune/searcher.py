@@ -364,8 +364,8 @@ class HydroSearcher(Searcher):
             groups.setdefault(self.spec.group_key(member[1]), []).append(member)
         size = max(1, self.state.pool.max_fusion)
         transfer.waiting = [g[i:i + size] for g in groups.values() for i in range(0, len(g), size)]
-        logger.info("width ladder: training %d configurations at S=%d (%d seeds each)", len(configs),
-                    transfer.rung.scale, transfer.rung.seeds)
+        logger.info("width ladder: training %d configurations at S=%d%s", len(configs), transfer.rung.scale,
+                    f" ({transfer.rung.seeds} seeds each)" if transfer.rung.seeds > 1 else "")
 
     def _finish_transfer(self) -> None:
         transfer = self.state.transfer
