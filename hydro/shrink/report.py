@@ -32,4 +32,4 @@ class ShrinkReport:
             return ""
         return (f"hydro.shrink: at scale {self.scale}, kept at full width (µP treats these as finite dimensions) "
                 f"or changed:\n" + "\n".join(lines) + "\nPass strict=True to get an error instead, or fixed=[...] to "
-                f"choose the layers kept at full width yourself.")
+                "choose the layers kept at full width yourself.")

@@ -18,7 +18,7 @@ import pandas as pd
 from hydro.cli import UsageError
 from hydro.tune import energy_scheduler
 from hydro.tune.examples import EXAMPLES
-from hydro.trial.check import WorkloadError, describe
+from hydro.trial.check import describe
 from hydro.trial.spec import TuneSpec
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table, target_result
 from hydro.tune.run import TuningFailed, asha, check_arguments, fit, optuna_tpe, prepare

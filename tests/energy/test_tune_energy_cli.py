@@ -6,7 +6,6 @@ import json
 import re
 
 import pandas as pd
-import pytest
 import ray
 
 from hydro.cli import main
