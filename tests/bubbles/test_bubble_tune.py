@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from ray import tune
 import torch
 
 from hydro.bubbles import PipelineSpec
@@ -130,12 +131,13 @@ def test_job_end_and_host_death_move_members_on_without_loss(service, tmp_path):
     job = RunningJob(service, "ending")
 
     killed: list[str] = []
+    FIRST_EPOCH.clear()
 
     def disrupt() -> None:
         """End the job once a unit there finished an epoch; then kill the dedicated worker a unit moves to."""
         for _ in range(3000):
             slots = ray.get(service.slots.remote())
-            if any(s["trial"] and s["job"] == "ending" for s in slots) and _epochs_done(tmp_path / "ending") >= 1:
+            if any(s["trial"] and s["job"] == "ending" for s in slots) and FIRST_EPOCH.is_set():
                 break
             threading.Event().wait(0.05)
         job.end()
@@ -151,16 +153,23 @@ def test_job_end_and_host_death_move_members_on_without_loss(service, tmp_path):
 
     disruptor = threading.Thread(target=disrupt)
     disruptor.start()
-    results, _ = _fit(tmp_path, "ending", num_samples=2, transfer_fraction=None)
+    results, _ = _fit(tmp_path, "ending", num_samples=2, transfer_fraction=None, callbacks=[EpochReported()])
     disruptor.join()
     (result,) = results
     slots = _check_exact(result)
     assert len(killed) == 1 and slots[0].startswith("ending/") and slots[-1].startswith("dedicated/")
 
 
-def _epochs_done(run: Path) -> int:
-    progress = list(run.glob("*/progress.csv"))
-    return max((len(p.read_text().splitlines()) - 1 for p in progress), default=0)
+FIRST_EPOCH = threading.Event()  # module-level: Tune pickles the run's callbacks, and an Event does not pickle
+
+
+class EpochReported(tune.Callback):
+    """Sets :data:`FIRST_EPOCH` once a trial reports its first epoch (the driver hears it at once; the run's files
+    on the storage path are copied there only every few seconds, later under load)."""
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        if result.get("epoch", 0) >= 1:
+            FIRST_EPOCH.set()
 
 
 @pytest.mark.parametrize("fault", ["raise", "kill_once"])
