@@ -18,7 +18,7 @@ one thread it is the wall time of an idle machine, and a shared machine's load d
 ``transfer_fidelity.json`` and ``transfer_fidelity.png`` to ``--out``.
 
     python -m benchmarks.transfer_fidelity [--workloads mlp,resmlp,cnn,lm] [--samples 16] [--quick]
-                                           [--variants "S=4,S=8"] [--reuse]
+                                           [--variants "S=4,S=8"] [--readout-init zero|mup] [--reuse]
 """
 from __future__ import annotations
 
@@ -230,11 +230,13 @@ def shortfall(spec: TuneSpec, value: float, reference: float) -> float:
 
 
 def measure(workload: Workload, samples: int, variants: list[str], quick: bool, seed: int,
-            previous: dict | None) -> dict:
+            previous: dict | None, readout_zero_init: bool | None = None) -> dict:
     """Stock and the ``variants`` on one workload; ``previous``: this workload's result of an earlier run, whose
     stock trainings (and other variants) are reused when it drew the same configurations (they are
-    deterministic)."""
+    deterministic). ``readout_zero_init``: the surrogates' readout init (``None``: ``hydro.shrink``'s default;
+    the full-size target has the model's own)."""
     spec, space = workload.make(quick)
+    spec = dataclasses.replace(spec, shrink_readout_zero_init=readout_zero_init)
     drawn = RandomSearch(space, seed=seed)
     configs = {f"c{i:02d}": drawn.suggest(str(i)) for i in range(samples)}
     trainer = Trainer(spec, spec.load_data())
@@ -281,7 +283,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
 def report(results: dict) -> None:
     print(f"\n{results['samples']} configurations per workload; in-process, 1 torch thread, trainings one at a "
           f"time; load average {results['load_start']:.1f} at the start, {results['load_end']:.1f} at the end "
-          f"({results['cpus']} CPUs)")
+          f"({results['cpus']} CPUs); surrogates' readout init: {results['readout_init'] or 'hydro.shrink default'}")
     for name, res in results["workloads"].items():
         stock_res = res["stock"]
         noise = stock_res["best_seeds"]
@@ -334,6 +336,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smaller models, fewer epochs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--readout-init", choices=["zero", "mup"],
+                        help="the surrogates' readout init: zero, or mup's default ×sqrt(width_mult) (default: "
+                             "hydro.shrink's)")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse the stock trainings and other variants of the JSON this run would write")
     args = parser.parse_args()
@@ -342,7 +347,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants/workloads {unknown}; choose from {list(VARIANTS)} and {list(WORKLOADS)}")
     torch.set_num_threads(1)
-    results = {"samples": args.samples, "seed": args.seed, "quick": args.quick, "cpus": os.cpu_count(),
+    readout_zero_init = None if args.readout_init is None else args.readout_init == "zero"
+    results = {"samples": args.samples, "seed": args.seed, "quick": args.quick, "readout_init": args.readout_init,
+               "cpus": os.cpu_count(),
                "load_start": os.getloadavg()[0], "machine": platform.machine(), "torch": torch.__version__,
                "workloads": {}}
     stem = "transfer_fidelity" + ("_" + args.workloads.replace(",", "_") if args.workloads != parser.get_default("workloads") else "")
@@ -351,7 +358,7 @@ def main() -> None:
         parser.error(f"--reuse: {args.out / f'{stem}.json'} was measured with other --samples/--seed/--quick")
     for name in args.workloads.split(","):
         results["workloads"][name] = measure(WORKLOADS[name], args.samples, variants, args.quick, args.seed,
-                                             earlier.get("workloads", {}).get(name))
+                                             earlier.get("workloads", {}).get(name), readout_zero_init)
     results["load_end"] = os.getloadavg()[0]
     report(results)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,11 @@ def test_scale_eight_builds_a_narrower_fusable_surrogate():
     assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in full.parameters()) / 8
     fused = hydro.fuse([build_member(factory, {}, 8) for _ in range(3)])
     assert fused(torch.randn(5, 64)).shape == (3, 5, 10)
-    target = build_member(factory, {}, 1, mup=True)  # the full-size target of a shrunk run: µP at width 1x
+    torch.manual_seed(0)
+    full = build_member(factory, {}, 1)
+    torch.manual_seed(0)
+    target = build_member(factory, {}, 1, mup=True)  # the full-size target of a shrunk run: the user's model in µP
     assert [p.shape for p in target.parameters()] == [p.shape for p in full.parameters()]
+    assert all(torch.equal(p, q) for p, q in zip(target.parameters(), full.parameters()))
     assert all(hasattr(p, "hydro_mup") for p in target.parameters())
     assert not any(hasattr(p, "hydro_mup") for p in full.parameters())

@@ -17,7 +17,7 @@ class MultiheadAttention(FusedModule):
     Query/key/value ``[F, N, L, E]`` (``batch_first``), ``[F, L, N, E]`` (not), or unbatched ``[F, L, E]``.
     Masks are shared by all members: ``attn_mask`` ``[L, S]`` or ``[N*H, L, S]``, ``key_padding_mask``
     ``[N, S]`` (bool: True = masked out, as in torch). ``scale`` multiplies the attention logits
-    (default ``1/sqrt(head_dim)``; µP uses ``1/head_dim``). Returns ``(out, weights)``, weights
+    (default ``1/sqrt(head_dim)``; µP: ``sqrt(base head_dim)/head_dim``). Returns ``(out, weights)``, weights
     ``[F, N, L, S]`` (averaged over heads) or ``[F, N, H, L, S]``, or ``None``.
     Parameters: ``in_proj_weight [F, 3E, E]``, ``in_proj_bias [F, 3E]``, ``out_proj.weight [F, E, E]``.
     """

@@ -17,7 +17,8 @@ _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 class TransformerEncoderLayer(FusedModule):
     """``F`` members of ``nn.TransformerEncoderLayer``; same arguments and forward, trial dimension first.
-    ``attn_scale`` overrides the attention logit scale (µP: ``1/head_dim``). Element-wise activation only."""
+    ``attn_scale`` overrides the attention logit scale (µP: ``sqrt(base head_dim)/head_dim``). Element-wise
+    activation only."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,

@@ -1,9 +1,10 @@
 """µP layers that behave differently from their torch counterparts, and their fused twins.
 
 ``Readout``: the output layer, input multiplied by ``output_mult`` (= 1/width_mult, like ``mup.MuReadout``),
-optionally zero-initialised. ``MuMultiheadAttention``: attention logits scaled by ``scale`` (µP:
-1/head_dim) instead of 1/sqrt(head_dim). ``MuTransformerEncoderLayer``: a TransformerEncoderLayer whose
-self-attention is a ``MuMultiheadAttention``. All keep the torch layer's ``state_dict`` keys; ``hydro.fuse``
+optionally zero-initialised. ``MuMultiheadAttention``: attention logits scaled by µP's
+``sqrt(base_head_dim)/head_dim`` (mup's ``attn_mult/d`` with ``attn_mult = sqrt(base_head_dim)``): torch's
+1/sqrt(head_dim) where the head dimension is the full model's, 1/head_dim scaling as heads narrow.
+``MuTransformerEncoderLayer``: a TransformerEncoderLayer whose self-attention is a ``MuMultiheadAttention``. All keep the torch layer's ``state_dict`` keys; ``hydro.fuse``
 fuses them with fast twins (registered here).
 """
 from __future__ import annotations
@@ -68,22 +69,35 @@ class FusedReadout(hydro.nn.Linear):
 
 class MuMultiheadAttention(nn.MultiheadAttention):
     """``nn.MultiheadAttention`` (same arguments, forward and ``state_dict``) whose attention logits are
-    ``scale * q·k`` (µP: ``scale = 1/head_dim``). Only ``kdim = vdim = embed_dim``, no ``add_bias_kv``."""
+    ``scale * q·k`` with ``scale = sqrt(base_head_dim) / head_dim`` (µP; ``base_head_dim``: the full-size
+    model's head dimension), which is torch's ``1/sqrt(head_dim)`` when the head dimension is the full model's.
+    Only ``kdim = vdim = embed_dim``, no ``add_bias_kv``."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = False, *, scale: float, device=None, dtype=None) -> None:
+                 batch_first: bool = False, *, base_head_dim: int, device=None, dtype=None) -> None:
         super().__init__(embed_dim, num_heads, dropout, bias, batch_first=batch_first, device=device, dtype=dtype)
-        self.scale = scale
+        self.base_head_dim = base_head_dim
+
+    @property
+    def scale(self) -> float:
+        """The attention logits' multiplier (read by the fused twin, ``hydro.nn.MultiheadAttention``)."""
+        return math.sqrt(self.base_head_dim) / self.head_dim
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
                 need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
                 is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
-        batched = query.dim() == 3
-        if self.batch_first and batched:
-            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
-        # torch scales q by 1/sqrt(head_dim); scaling the query projection by scale*sqrt(head_dim) gives
-        # logits scale*q·k, the same function of the parameters (so the same gradients).
-        factor = self.scale * math.sqrt(self.head_dim)
+        if self.head_dim == self.base_head_dim:  # torch's scale: torch's forward, fast paths included
+            return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                   average_attn_weights, is_causal)
+        if self.batch_first and query.dim() == 3:
+            # one transpose per distinct tensor: self-attention's `query is key is value` still holds, so q, k, v
+            # are projected by one packed matmul as in nn.MultiheadAttention
+            transposed: dict[int, Tensor] = {}
+            query, key, value = (transposed.setdefault(id(t), t.transpose(0, 1)) for t in (query, key, value))
+        # torch scales q by 1/sqrt(head_dim); scaling the query projection by scale*sqrt(head_dim) =
+        # sqrt(base_head_dim/head_dim) gives logits scale*q·k, the same function of the parameters (so the same
+        # gradients).
+        factor = math.sqrt(self.base_head_dim / self.head_dim)
         e = self.embed_dim
         weight = torch.cat([self.in_proj_weight[:e] * factor, self.in_proj_weight[e:]])
         bias = self.in_proj_bias
@@ -94,28 +108,29 @@ class MuMultiheadAttention(nn.MultiheadAttention):
             self.dropout, self.out_proj.weight, self.out_proj.bias, training=self.training,
             key_padding_mask=key_padding_mask, need_weights=need_weights, attn_mask=attn_mask,
             average_attn_weights=average_attn_weights, is_causal=is_causal)
-        if self.batch_first and batched:
-            out = out.transpose(0, 1)
-        return out, weights
+        return (out.transpose(0, 1) if self.batch_first and query.dim() == 3 else out), weights
 
     def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, scale={self.scale}"
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, base_head_dim={self.base_head_dim}"
 
 
 class MuTransformerEncoderLayer(nn.TransformerEncoderLayer):
-    """``nn.TransformerEncoderLayer`` with a :class:`MuMultiheadAttention` of logit scale ``attn_scale``."""
+    """``nn.TransformerEncoderLayer`` whose self-attention is a :class:`MuMultiheadAttention` of base head
+    dimension ``base_head_dim``."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
-                 norm_first: bool = False, bias: bool = True, *, attn_scale: float, device=None,
+                 norm_first: bool = False, bias: bool = True, *, base_head_dim: int, device=None,
                  dtype=None) -> None:
         super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
                          norm_first, bias, device=device, dtype=dtype)
-        self.self_attn = MuMultiheadAttention(d_model, nhead, dropout, bias, batch_first, scale=attn_scale,
-                                              device=device, dtype=dtype)
-        # torch's eval fast path (one fused kernel) reads self_attn's weights directly and would bypass
-        # MuMultiheadAttention.forward; this flag is one of its preconditions and is used for nothing else.
-        self.activation_relu_or_gelu = 0
+        self.self_attn = MuMultiheadAttention(d_model, nhead, dropout, bias, batch_first,
+                                              base_head_dim=base_head_dim, device=device, dtype=dtype)
+        if self.self_attn.head_dim != base_head_dim:
+            # torch's eval fast path (one fused kernel) reads self_attn's weights directly and scales logits by
+            # 1/sqrt(head_dim), bypassing MuMultiheadAttention.forward; this flag is one of its preconditions
+            # and is used for nothing else. Where the head dimension is kept, the fast path is the same function.
+            self.activation_relu_or_gelu = 0
 
 
 hydro.nn.register_twin(Readout, FusedReadout)

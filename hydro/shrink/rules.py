@@ -104,9 +104,9 @@ def _heads(attn: nn.MultiheadAttention, embed_dim: int) -> tuple[int, int]:
 
 
 def _attention(t: nn.MultiheadAttention, sizes: dict[str, int], ctx: BuildContext) -> nn.Module:
-    heads, head_dim = _heads(t, sizes["embed"])
+    heads, _ = _heads(t, sizes["embed"])
     return MuMultiheadAttention(sizes["embed"], heads, t.dropout, t.in_proj_bias is not None, t.batch_first,
-                                scale=1.0 / head_dim, **ctx.factory)
+                                base_head_dim=t.head_dim, **ctx.factory)
 
 
 def _encoder_layer_fields(t: nn.TransformerEncoderLayer) -> dict[str, int]:
@@ -114,10 +114,10 @@ def _encoder_layer_fields(t: nn.TransformerEncoderLayer) -> dict[str, int]:
 
 
 def _encoder_layer(t: nn.TransformerEncoderLayer, sizes: dict[str, int], ctx: BuildContext) -> nn.Module:
-    heads, head_dim = _heads(t.self_attn, sizes["d_model"])
+    heads, _ = _heads(t.self_attn, sizes["d_model"])
     return MuTransformerEncoderLayer(sizes["d_model"], heads, sizes["ffn"], t.dropout.p, t.activation, t.norm1.eps,
                                      t.self_attn.batch_first, t.norm_first, t.linear1.bias is not None,
-                                     attn_scale=1.0 / head_dim, **ctx.factory)
+                                     base_head_dim=t.self_attn.head_dim, **ctx.factory)
 
 
 def _encoder_fields(t: nn.TransformerEncoder) -> dict[str, int]:

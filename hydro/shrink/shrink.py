@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -23,10 +24,14 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Colle
     """A copy of ``model`` whose width dimensions are divided by ``scale``, in µP with ``model``'s shapes as
     the base, so its best hyperparameters are ``shrink(model, 1)``'s.
 
-    Widths are found by data flow (:mod:`hydro.shrink.widths`); every layer with a width is built anew
-    (torch's initialisation, then µP's rescaling), the output layer becomes a :class:`Readout` (input ×
-    1/width_mult, zero-initialised unless ``readout_zero_init=False``), attention uses logits / head_dim with
-    the head dimension kept and fewer heads (narrower heads where the width is not a multiple of it).
+    ``shrink(model, 1)`` is ``model`` itself in µP: the same function, parameters and buffers (copies), every µP
+    multiplier 1, so training it with ``hydro.optim`` is training ``model``; it draws no random numbers.
+    At ``scale > 1`` widths are found by data flow (:mod:`hydro.shrink.widths`); every layer with a width is
+    built anew (torch's initialisation, then µP's rescaling; a custom initialisation of ``model`` is not
+    carried over), the output layer becomes a :class:`Readout` (input × 1/width_mult, zero-initialised unless
+    ``readout_zero_init=False``: MuReadout's init ×sqrt(width_mult)), attention keeps the head dimension with
+    fewer heads (narrower heads where the width is not a multiple of it) and scales logits by
+    sqrt(full head_dim)/head_dim (torch's 1/sqrt(head_dim) while the head dimension is kept).
     Parameters used directly in forward are sliced. Every parameter carries ``hydro_mup`` (:class:`MuShape`),
     from which ``hydro.optim`` (and ``mup_param_groups`` for torch optimizers) take µP learning-rate and
     weight-decay multipliers. The result is deterministic given the model, the scale and torch's RNG state: a
@@ -163,27 +168,47 @@ def _head_changes(model: nn.Module, surrogate: nn.Module) -> tuple[str, ...]:
 
 
 def _shrunk_layer(model: nn.Module, path: str, plan: WidthPlan, scale: int, readout_zero_init: bool) -> nn.Module:
-    """Layer ``path`` built at its shrunk sizes, with µP shapes attached and µP initialisation."""
+    """Layer ``path`` built at its shrunk sizes, with µP shapes attached and µP initialisation; at scale 1, with
+    copies of the model's own parameters and buffers instead (all µP multipliers are 1 there)."""
     template = model.get_submodule(path)
     rule = rule_for(template)
     full = rule.fields(template)
     scaled = plan.scaled_fields(path)
     factory = next((dict(device=t.device, dtype=t.dtype) for t in template.parameters() if t.is_floating_point()), {})
-    ctx = BuildContext(scaled, readout_zero_init=readout_zero_init, **factory)
+    ctx = BuildContext(scaled, readout_zero_init=readout_zero_init and scale > 1, **factory)
     try:
-        layer = rule.build(template, {f: n // scale if f in scaled else n for f, n in full.items()}, ctx)
+        # at scale 1 built on the meta device (no initialisation, no random draws), then given the model's state
+        layer = rule.build(template, {f: n // scale if f in scaled else n for f, n in full.items()},
+                           ctx if scale > 1 else dataclasses.replace(ctx, device="meta"))
         # µP shapes the way mup's delta model finds them: a dimension is a width iff doubling the widths changes it
         delta = rule.build(template, {f: 2 * n if f in scaled else n for f, n in full.items()},
-                           BuildContext(scaled, device="meta", dtype=ctx.dtype, readout_zero_init=readout_zero_init))
+                           dataclasses.replace(ctx, device="meta"))
     except ValueError as error:
         raise ShrinkError(f"hydro.shrink: layer '{path}' ({type(template).__name__}): {error}") from error
+    if scale == 1:
+        _copy_state(template, layer)
     base = dict(template.named_parameters())
     wide = dict(delta.named_parameters())
     for name, param in layer.named_parameters():
         dims = tuple(b if b != w else None for b, w in zip(base[name].shape, wide[name].shape))
         setattr(param, MUP_ATTR, MuShape(dims, tuple(param.shape)))
-    rescale_init(layer)
+    if scale > 1:
+        rescale_init(layer)
     return layer.train(template.training)
+
+
+def _copy_state(template: nn.Module, layer: nn.Module) -> None:
+    """Give ``layer`` (built on the meta device at ``template``'s sizes) copies of ``template``'s parameters and
+    buffers, non-persistent ones included (rules keep torch's names)."""
+    source = dict(template.named_parameters()) | dict(template.named_buffers())
+    names = [name for name, _ in layer.named_parameters()] + [name for name, _ in layer.named_buffers()]
+    if sorted(names) != sorted(source):
+        raise ShrinkError(f"hydro.shrink: the rebuilt {type(layer).__name__} has tensors {sorted(names)} where "
+                          f"{type(template).__name__} has {sorted(source)}; its shrink rule must keep torch's names")
+    layer.to_empty(device=next(iter(source.values())).device if source else "cpu")
+    with torch.no_grad():
+        for name, tensor in [*layer.named_parameters(), *layer.named_buffers()]:
+            tensor.copy_(source[name])
 
 
 @torch.no_grad()

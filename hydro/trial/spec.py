@@ -42,8 +42,9 @@ class TuneSpec:
     - ``seed``: seeds every member's initialisation and the order of the training batches.
     - ``checkpoint_every``: epochs between a trial's checkpoints (the last epoch always checkpoints); a
       retried or restored trial replays at most ``checkpoint_every - 1`` epochs.
-    - ``shrink_fixed``, ``shrink_min_width``, ``shrink_strict``: ``hydro.shrink``'s ``fixed`` (module paths kept
-      at full width), ``min_width`` and ``strict`` for the surrogates and the µP target.
+    - ``shrink_fixed``, ``shrink_min_width``, ``shrink_strict``, ``shrink_readout_zero_init``: ``hydro.shrink``'s
+      ``fixed`` (module paths kept at full width), ``min_width``, ``strict`` and ``readout_zero_init`` (``None``:
+      its default) for the surrogates and the µP target.
     - ``device``: where a trial trains its members, batches and targets: ``"auto"`` (the GPU Ray assigned the
       trial, see ``gpus_per_trial``; else the CPU), ``"cpu"``, ``"cuda"``.
     - ``data_workers``: ``DataLoader`` worker processes per trial for ``Dataset`` splits (0: in the trial).
@@ -71,6 +72,7 @@ class TuneSpec:
     shrink_fixed: tuple[str, ...] = ()
     shrink_min_width: int = 8
     shrink_strict: bool = False
+    shrink_readout_zero_init: bool | None = None
     device: str = "auto"
     data_workers: int = 0
     precision: Precision = Precision.FP32
@@ -103,7 +105,10 @@ class TuneSpec:
 
     def shrink_options(self) -> dict:
         """Keywords for ``hydro.shrink``."""
-        return {"fixed": tuple(self.shrink_fixed), "min_width": self.shrink_min_width, "strict": self.shrink_strict}
+        options = {"fixed": tuple(self.shrink_fixed), "min_width": self.shrink_min_width, "strict": self.shrink_strict}
+        if self.shrink_readout_zero_init is not None:
+            options["readout_zero_init"] = self.shrink_readout_zero_init
+        return options
 
     def metric_names(self) -> list[str]:
         """Every per-member metric a trial reports each epoch."""

@@ -12,8 +12,9 @@ def build_member(model_factory: Callable[[Mapping], nn.Module], config: Mapping,
                  mup: bool | None = None, shrink_options: Mapping | None = None) -> nn.Module:
     """``model_factory(config)`` as written (``scale == 1``, no µP), or in µP with its widths divided by
     ``scale`` via ``hydro.shrink``. ``mup`` defaults to ``scale > 1``; ``scale=1, mup=True`` is the full-size
-    target of a surrogate run (µP, so the surrogates' hyperparameters transfer). ``shrink_options``: keywords
-    for ``hydro.shrink`` (``TuneSpec.shrink_options()``)."""
+    target of a surrogate run: the model as written (same parameters and function) with the µP shapes through
+    which the surrogates' hyperparameters transfer (every multiplier 1). ``shrink_options``: keywords for
+    ``hydro.shrink`` (``TuneSpec.shrink_options()``)."""
     if scale < 1:
         raise ValueError(f"scale must be >= 1 (1 = full size), got {scale}")
     model = model_factory(config)

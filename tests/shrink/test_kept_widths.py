@@ -106,7 +106,7 @@ def test_bundled_char_lm_shrinks_at_scale_8_with_narrower_heads():
     small, text = _shrink_warned(model, 8)
     assert "4 heads of 16 -> 1 head(s) of 8" in text and not small.hydro_shrink_report.kept
     attn = small.encoder.layers[1].self_attn
-    assert (attn.embed_dim, attn.num_heads, attn.scale) == (8, 1, 1 / 8)
+    assert (attn.embed_dim, attn.num_heads, attn.scale) == (8, 1, 16 ** 0.5 / 8)  # µP: sqrt(16)/8
     assert small.encoder.layers[0].linear1.out_features == 32
     tokens = torch.randint(0, 128, (2, 32))
     loss = nn.functional.cross_entropy(small(tokens).flatten(0, 1), tokens.flatten())

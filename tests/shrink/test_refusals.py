@@ -88,7 +88,7 @@ def test_model_without_width_dimension():
 def test_heads_narrower_than_the_full_models_where_the_width_is_not_a_multiple():
     small = hydro.shrink(CharTransformer(64, head_dim=16), 8, strict=True)  # width 8 < head dimension 16
     attn = small.encoder.layers[0].self_attn
-    assert (attn.embed_dim, attn.num_heads, attn.head_dim, attn.scale) == (8, 1, 8, 1 / 8)
+    assert (attn.embed_dim, attn.num_heads, attn.head_dim, attn.scale) == (8, 1, 8, 16 ** 0.5 / 8)
     assert "4 heads of 16 -> 1 head(s) of 8" in small.hydro_shrink_report.heads[0]
     assert small(torch.randint(0, 32, (2, 16))).shape[:2] == (2, 16)
 

@@ -97,14 +97,14 @@ def test_conv1d_batchnorm1d_and_reduction_over_time():
     assert small(torch.randn(2, 2, 20)).shape == (2, 3)
 
 
-def test_transformer_keeps_head_dim_reduces_heads_scales_logits_by_one_over_head_dim():
+def test_transformer_keeps_head_dim_reduces_heads_and_torchs_logit_scale():
     target = CharTransformer(128, vocab=32, context=16, layers=2, head_dim=16)
     small = hydro.shrink(target, 4)
     for layer in small.encoder.layers:
         assert isinstance(layer, MuTransformerEncoderLayer)
         attn = layer.self_attn
         assert isinstance(attn, MuMultiheadAttention)
-        assert (attn.embed_dim, attn.num_heads, attn.head_dim, attn.scale) == (32, 2, 16, 1 / 16)
+        assert (attn.embed_dim, attn.num_heads, attn.head_dim, attn.scale) == (32, 2, 16, 1 / 4)  # 1/sqrt(16)
         assert layer.linear1.out_features == 64
     assert small.embed.embedding_dim == 32 and small.embed.num_embeddings == 32
     assert small.pos.shape == (16, 32) and small.pos.hydro_mup.base == (None, 128)
@@ -113,28 +113,39 @@ def test_transformer_keeps_head_dim_reduces_heads_scales_logits_by_one_over_head
     assert small(torch.randint(0, 32, (3, 16))).shape == (3, 16, 32)
 
 
-def test_mu_attention_equals_torch_attention_with_rescaled_logits():
+def test_mu_attention_with_narrower_heads_scales_logits_by_sqrt_base_head_dim_over_head_dim():
     torch.manual_seed(0)
-    mu = MuMultiheadAttention(32, 4, batch_first=True, scale=1 / 8)
+    mu = MuMultiheadAttention(32, 4, batch_first=True, base_head_dim=32)  # heads of 8 where the target's are 32
     ref = nn.MultiheadAttention(32, 4, batch_first=True)
     ref.load_state_dict(mu.state_dict())
-    with torch.no_grad():  # torch scales by 1/sqrt(8); scaling q by 1/sqrt(8) more gives 1/8
-        ref.in_proj_weight[:32] /= 8 ** 0.5
-        ref.in_proj_bias[:32] /= 8 ** 0.5
+    with torch.no_grad():  # torch scales by 1/sqrt(8); scaling q by sqrt(32/8) = 2 gives sqrt(32)/8
+        ref.in_proj_weight[:32] *= 2
+        ref.in_proj_bias[:32] *= 2
     x, mask = torch.randn(2, 5, 32), nn.Transformer.generate_square_subsequent_mask(5)
     out, weights = mu(x, x, x, attn_mask=mask)
     ref_out, ref_weights = ref(x, x, x, attn_mask=mask)
+    assert mu.scale == 32 ** 0.5 / 8
     torch.testing.assert_close(out, ref_out)
     torch.testing.assert_close(weights, ref_weights)
 
 
+def test_mu_attention_with_the_base_head_dim_is_torchs():
+    torch.manual_seed(0)
+    mu = MuMultiheadAttention(32, 4, batch_first=True, base_head_dim=8)
+    ref = nn.MultiheadAttention(32, 4, batch_first=True)
+    ref.load_state_dict(mu.state_dict())
+    x = torch.randn(2, 5, 32)
+    for a, b in zip(mu(x, x, x), ref(x, x, x)):
+        assert torch.equal(a, b)
+
+
 def test_eval_mode_does_not_take_torch_fast_path_around_mu_attention():
     torch.manual_seed(0)
-    layer = MuTransformerEncoderLayer(32, 2, 64, 0.0, batch_first=True, attn_scale=1 / 16).eval()
-    calls = []
-    layer.self_attn.register_forward_hook(lambda *args: calls.append(1))
-    layer(torch.randn(2, 5, 32))
-    assert calls == [1]
+    layer = MuTransformerEncoderLayer(32, 2, 64, 0.0, batch_first=True, base_head_dim=64)  # µP scale 1/2, not 1/4
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():  # no grad and eval mode: torch's preconditions of its fused kernel
+        expected = layer.train()(x)  # never the fast path in training mode
+        torch.testing.assert_close(layer.eval()(x), expected)
 
 
 @pytest.mark.parametrize("scale", [1, 2])
@@ -142,6 +153,5 @@ def test_scale_one_is_the_target_in_mup(scale):
     small = hydro.shrink(MLP(64), scale)
     assert small.hidden[0].weight.shape == (64 // scale, 64 // scale)
     assert small.readout.output_mult == scale
-    assert torch.count_nonzero(small.readout.weight) == 0  # zero-initialised readout
     assert all(p.hydro_mup.mult(d) == 1 / scale for p in small.parameters() for d, b in
                enumerate(p.hydro_mup.base) if b is not None)

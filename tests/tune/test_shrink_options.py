@@ -3,6 +3,7 @@ reach ``hydro.shrink`` for every member a trial builds, and ``hydro tune`` sets 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import hydro
 from hydro.cli import main
@@ -27,6 +28,15 @@ def widths(**options) -> list[tuple[int, int]]:
 def test_spec_shrink_options_reach_every_member():
     assert widths(shrink_min_width=2) == [(2, 64), (2, 2), (2, 2), (10, 2)]  # 16 / 8 = 2 >= min_width
     assert widths(shrink_min_width=2, shrink_fixed=("net.4",)) == [(2, 64), (16, 2), (16, 16), (10, 16)]  # kept
+
+
+def test_spec_readout_init_reaches_every_member():
+    def readout(**options):
+        workload = spec(model=lambda config: MLP((64, 64, 64, 10)), **options)
+        return hydro.unfuse(FusedTrial(workload, SURROGATES, small_digits()).members.model)[0].net[-1].weight
+
+    assert torch.count_nonzero(readout(shrink_readout_zero_init=True)) == 0
+    assert torch.count_nonzero(readout(shrink_readout_zero_init=False)) == readout().numel()
 
 
 def test_strict_shrink_refuses_what_would_fall_below_min_width():
