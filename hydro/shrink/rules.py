@@ -21,7 +21,7 @@ class BuildContext:
     scaled: frozenset[str]
     device: object = None
     dtype: object = None
-    readout_zero_init: bool = True
+    readout_zero_init: bool = False
 
     @property
     def factory(self) -> dict:

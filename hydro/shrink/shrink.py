@@ -20,7 +20,7 @@ REPORT_ATTR = "hydro_shrink_report"
 
 
 def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Collection[str] = (),
-           strict: bool = False, readout_zero_init: bool = True) -> nn.Module:
+           strict: bool = False, readout_zero_init: bool = False) -> nn.Module:
     """A copy of ``model`` whose width dimensions are divided by ``scale``, in µP with ``model``'s shapes as
     the base, so its best hyperparameters are ``shrink(model, 1)``'s.
 
@@ -28,10 +28,11 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Colle
     multiplier 1, so training it with ``hydro.optim`` is training ``model``; it draws no random numbers.
     At ``scale > 1`` widths are found by data flow (:mod:`hydro.shrink.widths`); every layer with a width is
     built anew (torch's initialisation, then µP's rescaling; a custom initialisation of ``model`` is not
-    carried over), the output layer becomes a :class:`Readout` (input × 1/width_mult, zero-initialised unless
-    ``readout_zero_init=False``: MuReadout's init ×sqrt(width_mult)), attention keeps the head dimension with
-    fewer heads (narrower heads where the width is not a multiple of it) and scales logits by
-    sqrt(full head_dim)/head_dim (torch's 1/sqrt(head_dim) while the head dimension is kept).
+    carried over), the output layer becomes a :class:`Readout` (input × 1/width_mult; initialised as mup's
+    MuReadout, torch's init ×sqrt(width_mult): the scheme of the full-size model's torch init; zero with
+    ``readout_zero_init=True``, which ranked configurations no better in ``benchmarks/transfer_fidelity.py``),
+    attention keeps the head dimension with fewer heads (narrower heads where the width is not a multiple of it)
+    and scales logits by sqrt(full head_dim)/head_dim (torch's 1/sqrt(head_dim) while the head dimension is kept).
     Parameters used directly in forward are sliced. Every parameter carries ``hydro_mup`` (:class:`MuShape`),
     from which ``hydro.optim`` (and ``mup_param_groups`` for torch optimizers) take µP learning-rate and
     weight-decay multipliers. The result is deterministic given the model, the scale and torch's RNG state: a

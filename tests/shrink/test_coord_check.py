@@ -52,9 +52,7 @@ def coordinates(make: Callable[[int], nn.Module], x: Tensor, y: Tensor, *, mup: 
     rows = []
     for scale in SCALES:
         torch.manual_seed(0)
-        # the same readout init at every width: scale 1 is the user's model (torch's init), the surrogates get
-        # mup's rescaled version of it (a zero readout would be another init scheme, compared with torch's)
-        model = hydro.shrink(make(BASE), scale, readout_zero_init=False) if mup else make(BASE // scale)
+        model = hydro.shrink(make(BASE), scale) if mup else make(BASE // scale)
         rows.append(mean_abs_activations(model, x, y, mup=mup))
     assert all(row.keys() == rows[0].keys() for row in rows)
     return {name: [row[name] for row in rows] for name in rows[0]}

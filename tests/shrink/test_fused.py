@@ -45,7 +45,7 @@ def test_fused_shrunk_members_train_like_independent_mup_models(case):
     members = []
     for seed in range(len(LRS)):
         torch.manual_seed(seed)
-        members.append(hydro.shrink(target, scale, readout_zero_init=False))
+        members.append(hydro.shrink(target, scale))
     alone = [copy.deepcopy(m) for m in members]
     fused = hydro.fuse(members)
     assert fused.fallbacks == {}
