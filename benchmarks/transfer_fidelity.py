@@ -4,12 +4,14 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
   * stock: every configuration trained at full size as written (standard parametrization, unfused);
   * Hydro S=4 / S=8: all N as µP surrogates of width ÷ S in one fused trial, then the best one's configuration
     trained at full size in µP (the target, as ``HydroSearcher``'s target trial trains it);
-  * Hydro S=8 with the remedies of ``schedulers.transfer.TransferPolicy`` (seed repeats, width ladder, top-k
-    full-size targets, fallback targets when the target regresses), driven by the policy's own decisions.
+  * Hydro S=4 / S=8 with the remedies of ``schedulers.transfer.TransferPolicy`` (seed repeats, width ladder,
+    top-k full-size targets, fidelity escalation, fallback targets when the target regresses), driven by the
+    policy's own decisions.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
 stock's top configuration, the noise), the returned configuration's own stock score against stock's best
 ("config": the choice, without the target training's noise), the target against the mean of stock's top
-configuration trained as a µP target over the same seeds ("vs µP": without the parametrization's share),
+configuration trained as Hydro's full-size target (µP, the user's model itself) over the same seeds ("vs µP":
+without the target training's noise, the member's initialisation seed differing from stock's),
 Spearman rank correlation of the surrogates' scores (S=4, S=8) with the full-size ones over the N
 configurations, the transfer check of the remedies, and time. Training runs in
 this process with ``hydro.trial.FusedTrial`` (no Ray: the same unit Ray trials run, without scheduling
@@ -44,7 +46,7 @@ from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.random_search import RandomSearch
-from schedulers.transfer import Score, TransferPolicy, scores_of, spearman
+from schedulers.transfer import ESCALATION, FALLBACK, Score, TransferPolicy, scores_of, spearman
 
 NOISE_SEEDS = (1, 2)  # extra full-size seeds of stock's top configuration
 
@@ -185,21 +187,23 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
         stages.append({c: Score(targets[c][0], 0.0, 1) for c in rung.configs})
     surrogate_seconds = trainer.seconds - start
     target_seconds = sum(targets[c][1] for c in trained)
-    planned = stages[:len(policy.scales())]  # without the fallback targets: what the regression check saw
+    rungs = policy.rungs(stages)
+    first = next((i for i, r in enumerate(rungs) if r.scale == 1), len(rungs))  # the first targets' stage
     returned = policy.returned(stages)
     return {"seconds": surrogate_seconds + target_seconds, "target_seconds": target_seconds, "returned": returned,
             "target": policy.by_scale(stages)[-1][1][returned].mean,
             "cost_up_front": policy.describe(len(configs)),
             "trail": [(s, vars(score)) for s, score in policy.trail(stages, returned)],
             "checks": [vars(c) for c in policy.checks(stages)],
-            "regression": None if (r := policy.regression(planned)) is None else vars(r),
-            "fallback": [c for scores in stages[len(planned):] for c in scores],
+            "regression": None if (r := policy.regression(stages[:first + 2])) is None else vars(r),
+            "escalation": next((r.why for r in rungs if r.kind == ESCALATION), None),
+            "fallback": [c for r in rungs if r.kind == FALLBACK for c in r.configs],
             "search_scores": {c: s.mean for c, s in stages[0].items()}}
 
 
 # --- the benchmark ----------------------------------------------------------------------------------------------
 
-PLAIN = {"ladder": False, "top_k": 1, "seeds": 1, "fallback_targets": 0}  # the best surrogate's configuration alone
+PLAIN = {"ladder": False, "top_k": 1, "seeds": 1, "escalate": False, "fallback_targets": 0}  # the best surrogate's alone
 VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=2": {"scale": 2},
     "S=4": {"scale": 4},
@@ -216,6 +220,8 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=4 ladder+seeds=2+top-2": {"scale": 4, "ladder": True, "seeds": 2, "top_k": 2},
     "S=8 ladder+fallback-1": {"scale": 8, "ladder": True, "fallback_targets": 1},
     "S=8 ladder+fallback-2": {"scale": 8, "ladder": True, "fallback_targets": 2},
+    "S=8 ladder+escalate": {"scale": 8, "ladder": True, "escalate": True},
+    "S=8 ladder+escalate+fallback-2": {"scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2},
     "S=8 ladder+fallback-3": {"scale": 8, "ladder": True, "fallback_targets": 3},
     "S=4 ladder+fallback-2": {"scale": 4, "ladder": True, "fallback_targets": 2},
     "S=8 fallback-2": {"scale": 8, "fallback_targets": 2},
@@ -291,15 +297,17 @@ def report(results: dict) -> None:
         print(f"  stock: {stock_res['seconds']:.0f} s, best {stock_res['best_value']:.4f}; its config over "
               f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}, as a µP target "
               f"{stock_res['best_mup']['mean']:.4f} ± {stock_res['best_mup']['spread']:.4f}")
-        print(f"  {'variant':<26} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
-              f"{'vs µP':>7} {'Spearman':>8} {'checks (rho)':>14} {'warns':>5} {'fallback':>8}  trail (scale: score)")
+        print(f"  {'variant':<30} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
+              f"{'vs µP':>7} {'Spearman':>8} {'checks (rho)':>14} {'warns':>5} {'escalated, fallback':>20}  "
+              f"trail (scale: score)")
         for variant, run in res["runs"].items():
             checks = ",".join(f"{c['rho']:.2f}" for c in run["checks"] if c["configs"] >= 3) or "-"
             trail = " -> ".join(f"{s}: {v['mean']:.4f}" for s, v in run["trail"])
-            print(f"  {variant:<26} {run['seconds']:7.0f} {run['speedup']:7.1f}x {run['target']:8.4f} "
+            extra = ",".join((["escalated"] if run.get("escalation") else []) + run.get("fallback", [])) or "-"
+            print(f"  {variant:<30} {run['seconds']:7.0f} {run['speedup']:7.1f}x {run['target']:8.4f} "
                   f"{run['shortfall']:+9.4f} {run['config_shortfall']:+7.4f} "
                   f"{run['shortfall_mup']:+7.4f} {run['spearman_search_vs_full']:8.2f} {checks:>14} "
-                  f"{'yes' if run['low_check'] else 'no':>5} {','.join(run.get('fallback', [])) or '-':>8}  {trail}")
+                  f"{'yes' if run['low_check'] else 'no':>5} {extra:>20}  {trail}")
 
 
 def plot(results: dict, path: Path) -> None:

@@ -14,13 +14,20 @@ different validation optimum and single-seed scores are noisy. Remedies, all dec
   (:class:`TransferCheck`), low when confidently below ``min_agreement``; and the returned configuration's
   full-size score against its score at the finest surrogate scale (:class:`TargetRegression`): a full-size model
   that does worse than its own surrogate is the sign of a choice that did not transfer;
-- *fallback targets*: when the target regresses, the next ``fallback_targets`` configurations in ladder order
-  (the finest surrogate stage's ranking, then the next coarser stage's for the ones it eliminated, ...) train
-  at full size too, once, and the best full-size one on validation is returned.
+- *fidelity escalation*: when the first rung's ranking disagrees with the search's (its transfer check is low) or
+  the target regresses, every configuration is ranked again at S/2 (those not trained there yet train at S/2,
+  once) and the ladder goes on from that ranking, down to new full-size targets: a surrogate scale too coarse
+  for the workload (e.g. an overfitting model whose best configurations at full size rank last at S=8) is
+  replaced by the next finer one;
+- *fallback targets*: when the target still regresses, the next ``fallback_targets`` configurations in ladder
+  order (the finest surrogate scale's ranking, then the next coarser scale's for the ones it did not reach, ...)
+  train at full size too, once, and the best full-size one on validation is returned.
 
-Scales are width divisors (1 = full size). Stages are the search (at S) and the stages after it (ladder rungs,
-then full size, then the fallback targets, also full size); decisions take the scores of the finished stages,
-in order. The full-size stages count as one scale: the fallback targets join the targets.
+Scales are width divisors (1 = full size). Stages are the search (at S) and the stages after it, each a
+:class:`Rung` at one scale; decisions take the scores of the finished stages, in order, and are replayed from
+them (the policy keeps no state). The stages at one scale count as one: their scores are merged (the full-size
+targets, escalated targets and fallback targets are one scale), and a configuration trains at most once at each
+scale.
 """
 from __future__ import annotations
 
@@ -29,6 +36,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 FULL_SIZE = 1
+# Ranking every configuration again at S/2 costs (2/S)² of a full-size search of them: 1/16 at S=8, but 1/4 at
+# S=4, more than a 5x speed-up allows on its own (and on the fidelity benchmark no better than fallback targets).
+MIN_ESCALATION_SCALE = 4
 
 
 @dataclass(frozen=True)
@@ -66,13 +76,21 @@ def scores_of(values: Iterable[tuple[str, float]]) -> dict[str, Score]:
 Stages = Sequence[Mapping[str, Score]]  # config id -> score of each finished stage, the search's first
 
 
+LADDER, ESCALATION, FALLBACK = "ladder", "escalation", "fallback"  # what a rung is for
+
+
 @dataclass(frozen=True)
 class Rung:
-    """A stage to train: ``configs`` (ids, best first) at width ÷ ``scale``, each ``seeds`` times."""
+    """A stage to train: ``configs`` (ids, best first) at width ÷ ``scale``, each ``seeds`` times. ``kind``:
+    :data:`LADDER` (a planned stage: ladder rung or full-size targets, also after an escalation),
+    :data:`ESCALATION` (the configurations not yet trained at S/2, to rank all of them there) or
+    :data:`FALLBACK` (fallback targets); ``why``: what caused an escalation or fallback, for the log."""
 
     scale: int
     configs: list[str]
     seeds: int
+    kind: str = LADDER
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -153,15 +171,16 @@ class TransferPolicy:
     ``top_k``: configurations trained at full size. ``seeds``: repeats of each configuration in surrogate
     stages. ``min_agreement``: a transfer check whose Spearman rho is confidently below this is low.
     ``max_target_drop``: a full-size score worse than the same configuration's finest surrogate score by more
-    than this fraction is a :class:`TargetRegression`. ``fallback_targets``: on a regression of the returned
-    target, the next configurations in ladder order trained at full size (at most this many, once). An unshrunk
-    search (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full size.
+    than this fraction is a :class:`TargetRegression`. ``escalate``: fidelity escalation (once) when the check
+    of S against the first rung (S/2) is low or the target regresses; only where S/2 >= 4 (S >= 8).
+    ``fallback_targets``: on a regression of the returned target that escalation did not cure, the next
+    configurations in ladder order trained at full size (at most this many, once). An unshrunk search
+    (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full size.
 
-    Defaults (the ladder, one full-size target, one seed, 2 fallback targets) are what won
+    Defaults (the ladder, one full-size target, one seed, escalation, 2 fallback targets) are what won
     ``benchmarks/transfer_fidelity.py``: the ladder as good as top-2 or seed repeats on its workloads, for less;
-    the fallback targets, which cost only when a target regresses, never made a result worse there and made
-    three regressed runs better (by 1.0–1.3 points on the overfitting MLP at S=8; on the CNN at S=4 without the
-    ladder from 7.3 points short of stock's best to 0.7 better)."""
+    the fallback targets, which cost only when a target regresses, never made a result worse there; escalation
+    (see the README's table) for the overfitting MLP, whose best configurations at full size rank last at S=8."""
 
     fraction: float | None
     num_samples: int
@@ -174,6 +193,7 @@ class TransferPolicy:
     seeds: int = 1
     min_agreement: float = 0.5
     max_target_drop: float = 0.01
+    escalate: bool = True
     fallback_targets: int = 2
 
     def __post_init__(self) -> None:
@@ -203,75 +223,169 @@ class TransferPolicy:
                                if (score := Score.of([(r or {}).get(self.metric, math.nan)])) is not None})
         return ranked[0] if ranked else None
 
-    # --- what they train -----------------------------------------------------------------------------------
+    # --- the plan and its cost -----------------------------------------------------------------------------
 
     def scales(self) -> list[int]:
         """The scale of every planned stage: the search's S, then S/2, S/4, ... (above 1) with the ladder, then 1
-        (the fallback targets, when they train, are one more full-size stage)."""
-        rungs, scale = [self.scale], self.scale // 2
-        while self.ladder and scale > FULL_SIZE:
-            rungs.append(scale)
-            scale //= 2
-        return [*rungs, FULL_SIZE]
+        (an escalation, the fallback targets, when they train, are more stages)."""
+        return [self.scale, *(scale for scale, _, _ in self.schedule(1))]
 
     def schedule(self, candidates: int) -> list[tuple[int, int, int]]:
         """``(scale, configurations, seeds)`` of each planned stage after the search, for ``candidates`` scored
         configurations."""
-        stages, count = [], candidates
-        for scale in self.scales()[1:]:
-            top_k = self.top_k if self.scale > FULL_SIZE else 1
-            count = min(count, top_k if scale == FULL_SIZE else max(top_k, math.ceil(count / self.eta)))
-            stages.append((scale, count, self.seeds if scale > FULL_SIZE else 1))
-        return stages
+        return self._plan(self.scale, candidates)
+
+    def _plan(self, base: int, candidates: int) -> list[tuple[int, int, int]]:
+        """The ladder's stages after a ranking of ``candidates`` configurations at scale ``base``."""
+        stages, count, scale = [], candidates, base // 2
+        top_k = self.top_k if self.scale > FULL_SIZE else 1
+        while self.ladder and scale > FULL_SIZE:
+            count = min(count, max(top_k, math.ceil(count / self.eta)))
+            stages.append((scale, count, self.seeds))
+            scale //= 2
+        return [*stages, (FULL_SIZE, min(count, top_k), 1)]
 
     def fallbacks(self, candidates: int) -> int:
         """The most fallback targets a search of ``candidates`` scored configurations can train (none unshrunk)."""
         return 0 if self.scale == FULL_SIZE else min(self.fallback_targets, candidates - self.schedule(candidates)[-1][1])
 
+    def can_escalate(self) -> bool:
+        """Whether this policy escalates when asked to: ``escalate`` and S/2 >= :data:`MIN_ESCALATION_SCALE`."""
+        return self.escalate and self.scale // 2 >= MIN_ESCALATION_SCALE
+
     def cost(self, candidates: int) -> float:
         """Estimated cost of the planned stages after the search in full-size trainings, taking a member's compute
-        as proportional to width² (dense layers): the sum over stages of configurations × seeds ÷ scale²; the
-        fallback targets, if they train, add one each (:meth:`fallbacks`)."""
-        return sum(count * seeds / scale ** 2 for scale, count, seeds in self.schedule(candidates))
+        as proportional to width² (dense layers): the sum over stages of configurations × seeds ÷ scale²; an
+        escalation and the fallback targets, if they train, add :meth:`escalation_cost` and one each."""
+        return _cost(self.schedule(candidates))
+
+    def escalation_cost(self, candidates: int) -> float:
+        """The most an escalation adds (0 if it cannot happen): the configurations not in the first rung at S/2,
+        then the ladder from S/2 over all ``candidates`` (counted in full: configurations it keeps that trained
+        there already cost nothing again)."""
+        if not self.can_escalate():
+            return 0.0
+        first = self.schedule(candidates)[0]
+        trained = first[1] if first[0] == self.scale // 2 else 0
+        return _cost([(self.scale // 2, candidates - trained, self.seeds), *self._plan(self.scale // 2, candidates)])
 
     def describe(self, candidates: int) -> str:
-        """The stages after the search and their cost, the most the fallback targets can add included, to show
-        before they run."""
+        """The stages after the search and their cost, the most an escalation and the fallback targets can add
+        included, to show before they run."""
         stages = ", ".join(f"{count}" + (f"×{seeds} seeds" if seeds > 1 else "")
                            + (" at full size" if scale == FULL_SIZE else f" at S={scale}")
                            for scale, count, seeds in self.schedule(candidates))
-        cost, fallbacks = self.cost(candidates), self.fallbacks(candidates)
-        return f"{stages}: about {cost:.2f} full-size trainings (compute ∝ width²)" + (
-            f"; if the target does worse than its surrogate, up to {fallbacks} more at full size (at most "
-            f"{cost + fallbacks:.2f})" if fallbacks else "")
+        cost, escalation, fallbacks = self.cost(candidates), self.escalation_cost(candidates), self.fallbacks(candidates)
+        text = f"{stages}: about {cost:.2f} full-size trainings (compute ∝ width²)"
+        if escalation:
+            text += (f"; if the rankings at S={self.scale} and S={self.scale // 2} disagree or the target does worse "
+                     f"than its surrogate, all at S={self.scale // 2} and the ladder again from there: up to "
+                     f"{escalation:.2f} more")
+        if fallbacks:
+            text += f"; if the target {'still does worse' if escalation else 'does worse than its surrogate'}, up to " \
+                    f"{fallbacks} more at full size"
+        return text + (f" (at most {cost + escalation + fallbacks:.2f})" if escalation or fallbacks else "")
+
+    # --- what they train -----------------------------------------------------------------------------------
 
     def next_rung(self, stages: Stages) -> Rung | None:
-        """The next stage to train, from the scores of the finished ones (``stages[0]``: the search's): the planned
-        stages in turn, then the fallback targets if the returned target regressed (:meth:`regression`);
-        ``None`` when there is none left or the last stage has no score."""
-        planned = self.scales()
+        """The next stage to train, from the scores of the finished ones (``stages[0]``: the search's): the
+        ladder's stages in turn (from S, or from S/2 after an escalation), an escalation when the first rung's
+        check is low or the target regressed, then the fallback targets if the target still regressed; ``None``
+        when there is none left or the last stage has no score."""
+        return self._next(stages, self.rungs(stages))
+
+    def rungs(self, stages: Stages) -> list[Rung]:
+        """The rung each finished stage after the search trained (the decisions replayed from the scores)."""
+        rungs: list[Rung] = []
+        for end in range(1, len(stages)):
+            rung = self._next(stages[:end], rungs)
+            if rung is None:
+                raise ValueError(f"TransferPolicy: stage {end} follows stages after which nothing was to train")
+            rungs.append(rung)
+        return rungs
+
+    def _next(self, stages: Stages, rungs: list[Rung]) -> Rung | None:
         if not stages or not stages[-1]:
             return None
-        if len(stages) < len(planned):
-            scale, count, seeds = self.schedule(len(stages[0]))[len(stages) - 1]
-            return Rung(scale, self.ranking(stages[-1])[:count], seeds)
-        if len(stages) > len(planned) or self.fallbacks(len(stages[0])) == 0 or self.regression(stages) is None:
+        merged, tried = self._merged(stages, rungs), self._tried(rungs)
+        escalated = any(r.kind == ESCALATION for r in rungs)
+        base = self.scale // 2 if escalated else self.scale
+
+        def at(scale: int) -> Mapping[str, Score]:  # the search's scores at S (S=1: apart from the targets')
+            return stages[0] if scale == self.scale else merged.get(scale, {})
+
+        previous = base
+        for scale, count, seeds in self._plan(base, len(at(base))):
+            new = [c for c in self.ranking(at(previous))[:count] if c not in tried.get(scale, ())]
+            if new:  # past the first rung (S/2), unless its ranking disagreed with the search's
+                past_first = not escalated and scale < self.scale // 2
+                return (past_first and self._disagreement(stages, at(self.scale // 2), tried)) or Rung(scale, new, seeds)
+            previous = scale
+        scales = self._by_scale(stages, rungs)
+        regression = self._regression(scales)
+        if regression is None:
             return None
-        trained = self.next_rung(stages[:-1]).configs  # the targets, failed ones included
-        fallback = [c for c in self.ladder_order(stages) if c not in trained][:self.fallback_targets]
-        return Rung(FULL_SIZE, fallback, 1) if fallback else None
+        why = (f"the target {regression.config} scored {regression.full_size:.4g} at full size, "
+               f"{100 * regression.drop:.1f}% worse than at S={regression.scale} ({regression.surrogate:.4g})")
+        if not escalated and self.can_escalate() and (escalation := self._escalation(stages, tried, why)) is not None:
+            return escalation
+        if any(r.kind == FALLBACK for r in rungs) or self.fallbacks(len(stages[0])) == 0:
+            return None
+        fallback = [c for c in self._ladder_order(scales, self.ranking)
+                    if c not in tried.get(FULL_SIZE, ())][:self.fallback_targets]
+        return Rung(FULL_SIZE, fallback, 1, FALLBACK, why) if fallback else None
+
+    def _disagreement(self, stages: Stages, first: Mapping[str, Score], tried: Mapping[int, set[str]]) -> Rung | None:
+        """An escalation if the check of the search against the ``first`` rung (S/2) is low, else ``None``."""
+        check = self._check(self.scale, stages[0], self.scale // 2, first)
+        if not (check.low and self.can_escalate()):
+            return None
+        return self._escalation(stages, tried, f"the rankings at S={check.coarse} and S={check.fine} disagree "
+                                               f"(Spearman {check.rho:.2f} over {check.configs} configurations, 95% "
+                                               f"upper bound {check.upper:.2f})")
+
+    def _escalation(self, stages: Stages, tried: Mapping[int, set[str]], why: str) -> Rung | None:
+        """The configurations of the search not yet trained at S/2, to train there (``None`` if there is none)."""
+        configs = [c for c in self.ranking(stages[0]) if c not in tried.get(self.scale // 2, ())]
+        return Rung(self.scale // 2, configs, self.seeds, ESCALATION, why) if configs else None
+
+    @staticmethod
+    def _merged(stages: Stages, rungs: Sequence[Rung]) -> dict[int, dict[str, Score]]:
+        """The scores of the stages after the search, merged by scale."""
+        merged: dict[int, dict[str, Score]] = {}
+        for rung, scores in zip(rungs, stages[1:]):
+            merged.setdefault(rung.scale, {}).update(scores)
+        return merged
+
+    @staticmethod
+    def _tried(rungs: Sequence[Rung]) -> dict[int, set[str]]:
+        """The configurations each stage after the search trained, failed ones included, by scale."""
+        tried: dict[int, set[str]] = {}
+        for rung in rungs:
+            tried.setdefault(rung.scale, set()).update(rung.configs)
+        return tried
 
     def final(self, stages: Stages) -> bool:
-        """Whether the stage :meth:`next_rung` returns after ``stages`` is the last that can train (no fallback
-        targets can follow it)."""
-        return len(stages) >= len(self.scales()) - (1 if self.fallbacks(len(stages[0])) == 0 else 0)
-
+        """Whether the stage :meth:`next_rung` returns after ``stages`` is the last that can train (no escalation
+        and no fallback targets can follow it)."""
+        rung = self.next_rung(stages)
+        if rung is None or rung.scale != FULL_SIZE:
+            return rung is None
+        kinds = {r.kind for r in self.rungs(stages)} | {rung.kind}
+        escalation_left = self.can_escalate() and ESCALATION not in kinds
+        fallback_left = self.fallbacks(len(stages[0])) > 0 and FALLBACK not in kinds
+        return not escalation_left and not fallback_left
     def ladder_order(self, stages: Stages) -> list[str]:
-        """The surrogate-scored configurations, best first: by the finest surrogate stage each reached, then by
+        """The surrogate-scored configurations, best first: by the finest surrogate scale each reached, then by
         its score there."""
+        return self._ladder_order(self.by_scale(stages), self.ranking)
+
+    @staticmethod
+    def _ladder_order(scales: list[tuple[int, dict[str, Score]]], ranking) -> list[str]:
         order: list[str] = []
-        for scores in reversed(stages[:len(self.scales()) - 1]):
-            order += [c for c in self.ranking(scores) if c not in order]
+        for _, scores in reversed([scales[0], *(pair for pair in scales[1:] if pair[0] > FULL_SIZE)]):
+            order += [c for c in ranking(scores) if c not in order]
         return order
 
     def ranking(self, scores: Mapping[str, Score]) -> list[str]:
@@ -280,36 +394,43 @@ class TransferPolicy:
         return sorted(scores, key=lambda c: sign * scores[c].mean)
 
     def by_scale(self, stages: Stages) -> list[tuple[int, dict[str, Score]]]:
-        """The scores at each scale trained so far, coarse to fine: the stages with their scales, the full-size
-        ones (targets, fallback targets) merged into one."""
-        planned = self.scales()
-        out = [(scale, dict(scores)) for scale, scores in zip(planned[:-1], stages)]
-        if len(stages) >= len(planned):
-            out.append((FULL_SIZE, {c: s for scores in stages[len(planned) - 1:] for c, s in scores.items()}))
-        return out
+        """The scores at each scale trained so far, coarse to fine: the search's, then the later stages' merged by
+        scale (the full-size ones, targets and fallback targets, into one)."""
+        return self._by_scale(stages, self.rungs(stages))
+
+    def _by_scale(self, stages: Stages, rungs: Sequence[Rung]) -> list[tuple[int, dict[str, Score]]]:
+        merged = self._merged(stages, rungs)
+        return [(self.scale, dict(stages[0])), *((scale, merged[scale]) for scale in sorted(merged, reverse=True))]
 
     def returned(self, stages: Stages) -> str | None:
         """The configuration the run returns: the best at the finest scale with a score (at full size: the best
-        of the targets and fallback targets)."""
-        scored = [scores for _, scores in self.by_scale(stages) if scores]
+        of the targets, escalated targets and fallback targets)."""
+        return self._returned(self.by_scale(stages))
+
+    def _returned(self, scales: list[tuple[int, dict[str, Score]]]) -> str | None:
+        scored = [scores for _, scores in scales if scores]
         return self.ranking(scored[-1])[0] if scored else None
 
     def checks(self, stages: Stages) -> list[TransferCheck]:
         """Rank agreement of every pair of consecutive scales, coarse to fine."""
-        out, pairs = [], self.by_scale(stages)
-        for (coarse, a), (fine, b) in zip(pairs, pairs[1:]):
-            common = [c for c in b if c in a]
-            rho = spearman([a[c].mean for c in common], [b[c].mean for c in common]) if len(common) >= 3 else math.nan
-            upper = rho_upper_bound(rho, len(common))
-            out.append(TransferCheck(coarse, fine, len(common), rho, upper,
-                                     math.isfinite(upper) and upper < self.min_agreement))
-        return out
+        pairs = self.by_scale(stages)
+        return [self._check(coarse, a, fine, b) for (coarse, a), (fine, b) in zip(pairs, pairs[1:])]
+
+    def _check(self, coarse: int, a: Mapping[str, Score], fine: int, b: Mapping[str, Score]) -> TransferCheck:
+        """The transfer check of the configurations scored both at ``coarse`` (``a``) and at ``fine`` (``b``)."""
+        common = [c for c in b if c in a]
+        rho = spearman([a[c].mean for c in common], [b[c].mean for c in common]) if len(common) >= 3 else math.nan
+        upper = rho_upper_bound(rho, len(common))
+        return TransferCheck(coarse, fine, len(common), rho, upper, math.isfinite(upper) and upper < self.min_agreement)
 
     def regression(self, stages: Stages) -> TargetRegression | None:
         """The returned configuration's full-size score if it is worse than its finest surrogate score by more
         than ``max_target_drop`` (relative), else ``None``."""
-        config = self.returned(stages)
-        trail = self.trail(stages, config) if config is not None else []
+        return self._regression(self.by_scale(stages))
+
+    def _regression(self, scales: list[tuple[int, dict[str, Score]]]) -> TargetRegression | None:
+        config = self._returned(scales)
+        trail = [(scale, scores[config]) for scale, scores in scales if config in scores]
         if len(trail) < 2 or trail[-1][0] != FULL_SIZE:
             return None
         (scale, surrogate), (_, full) = trail[-2], trail[-1]
@@ -322,3 +443,8 @@ class TransferPolicy:
     def trail(self, stages: Stages, config: str) -> list[tuple[int, Score]]:
         """``config``'s score at each scale it was trained at, coarse to fine."""
         return [(scale, scores[config]) for scale, scores in self.by_scale(stages) if config in scores]
+
+
+def _cost(stages: Iterable[tuple[int, int, int]]) -> float:
+    """Full-size trainings that ``(scale, configurations, seeds)`` stages cost, compute ∝ width²."""
+    return sum(count * seeds / scale ** 2 for scale, count, seeds in stages)

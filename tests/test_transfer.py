@@ -1,10 +1,12 @@
-"""TransferPolicy (pure): seed repeats, width ladder, top-k targets, transfer check, fallback targets."""
+"""TransferPolicy (pure): seed repeats, width ladder, top-k targets, transfer check, fidelity escalation, fallback
+targets."""
 import math
 
 import pytest
 from scipy.stats import spearmanr
 
-from schedulers.transfer import ONE_SIDED_95, Score, TransferPolicy, rho_upper_bound, scores_of, spearman
+from schedulers.transfer import (ESCALATION, FALLBACK, LADDER, ONE_SIDED_95, Score, TransferPolicy, rho_upper_bound,
+                                 scores_of, spearman)
 
 
 def policy(**kwargs):
@@ -31,7 +33,7 @@ def test_seed_repeats_are_reported_with_their_spread():
 
 
 def test_width_ladder_promotes_the_best_members_and_ends_at_full_size():
-    p = policy(scale=8, ladder=True, eta=3, top_k=2, seeds=2)
+    p = policy(scale=8, ladder=True, eta=3, top_k=2, seeds=2, escalate=False)  # the ladder alone
     search = scores_of((f"c{i:02d}", i / 100) for i in range(24))  # c23 best at S=8
 
     def quality(config, scale):  # at S=4 and below the ranking reverses among what is left
@@ -50,6 +52,7 @@ def test_width_ladder_promotes_the_best_members_and_ends_at_full_size():
     assert p.describe(24) == "8×2 seeds at S=4, 3×2 seeds at S=2, 2 at full size: about 4.50 full-size trainings " \
                              "(compute ∝ width²); if the target does worse than its surrogate, up to 2 more at " \
                              "full size (at most 6.50)"
+    assert p.escalation_cost(24) == 0 and policy(scale=8, seeds=2).escalation_cost(24) > 0
 
 
 def test_top_k_without_ladder_returns_the_best_at_full_size():
@@ -128,8 +131,8 @@ def test_a_full_size_target_worse_than_its_surrogate_is_a_regression(mode, surro
         policy(max_target_drop=-0.1)
 
 
-def fallback_policy(**kwargs):
-    return policy(scale=8, ladder=True, eta=2, fallback_targets=2, **kwargs)  # S=8 search, S=4 and S=2 rungs
+def fallback_policy(**kwargs):  # S=8 search, S=4 and S=2 rungs, no escalation (below)
+    return policy(scale=8, ladder=True, eta=2, fallback_targets=2, escalate=False, **kwargs)
 
 
 def ladder_search():
@@ -169,10 +172,11 @@ def test_no_fallback_when_the_target_holds_or_when_none_is_asked_for():
     rungs, stages = run_stages(fallback_policy(), ladder_search(), ladder_quality(holds))
     assert [r.scale for r in rungs] == [4, 2, 1] and fallback_policy().returned(stages) == "c4"
     regressed = ladder_quality({"c4": 0.5})
-    none = {"scale": 8, "ladder": True, "eta": 2, "fallback_targets": 0}
+    none = {"scale": 8, "ladder": True, "eta": 2, "fallback_targets": 0, "escalate": False}
     rungs, stages = run_stages(policy(**none), ladder_search(), regressed)
     assert [r.scale for r in rungs] == [4, 2, 1] and policy(**none).regression(stages).config == "c4"
-    assert policy(**none).final(stages[:3]) and not policy(scale=8, ladder=True, eta=2).final(stages[:3])  # default: 2
+    assert policy(**none).final(stages[:3])
+    assert not policy(scale=8, ladder=True, eta=2, escalate=False).final(stages[:3])  # default: 2 fallback targets
     assert "if the target" not in policy(**none).describe(16) and "up to 2 more" in policy(scale=8).describe(16)
     assert policy(scale=1, fallback_targets=2).fallbacks(16) == 0  # unshrunk: nothing to fall back from
 
@@ -187,6 +191,71 @@ def test_fallback_targets_are_bounded_by_the_configurations_left():
     assert p.next_rung(failed) is None and p.returned(failed) == "a"
     with pytest.raises(ValueError, match="fallback_targets must be an int >= 0"):
         policy(fallback_targets=-1)
+
+
+def escalation_quality(s4: dict, s2: dict, full: dict):
+    """Scores of ``ladder_search()``'s configurations at S=4, S=2, full size (0 where not given)."""
+    def quality(config, scale):
+        return {8: int(config[1:]) / 10, 4: s4.get(config, 0.0), 2: s2.get(config, 0.0), 1: full.get(config, 0.0)}[scale]
+    return quality
+
+
+def test_a_low_first_check_escalates_every_configuration_to_s_over_2_and_the_ladder_goes_on_from_there():
+    p = policy(scale=8, ladder=True, eta=2, fallback_targets=0)
+    reversed_at_4 = {f"c{i}": 1 - i / 10 for i in range(8)}  # c0 best, c7 worst: the opposite of S=8
+    rungs, stages = run_stages(p, ladder_search(), escalation_quality(reversed_at_4, {"c0": 0.95}, {"c0": 0.96}))
+    assert [(r.scale, r.configs, r.kind) for r in rungs] == [
+        (4, ["c7", "c6", "c5", "c4"], LADDER), (4, ["c3", "c2", "c1", "c0"], ESCALATION),
+        (2, ["c0", "c1", "c2", "c3"], LADDER), (1, ["c0"], LADDER)]  # the ladder from S=4 over all 8
+    assert rungs[1].why == "the rankings at S=8 and S=4 disagree (Spearman -1.00 over 4 configurations, 95% upper " \
+                           "bound -0.99)"
+    assert p.returned(stages) == "c0" and p.regression(stages) is None and p.next_rung(stages) is None
+    assert [(s, score.mean) for s, score in p.trail(stages, "c0")] == [(8, 0.0), (4, 1.0), (2, 0.95), (1, 0.96)]
+    assert [(c.coarse, c.fine, c.configs) for c in p.checks(stages)] == [(8, 4, 8), (4, 2, 4), (2, 1, 1)]
+    assert p.rungs(stages) == rungs and p.final(stages[:4])  # the target: no fallback asked for, escalated already
+    assert not policy(scale=8, ladder=True, eta=2).final(stages[:4])  # default: fallback targets can follow
+
+
+def test_a_regressed_target_escalates_once_then_falls_back():
+    p = policy(scale=8, ladder=True, eta=2)
+    s4 = {"c7": 0.7, "c6": 0.6, "c5": 0.5, "c4": 0.4, "c3": 0.9, "c2": 0.3, "c1": 0.2, "c0": 0.1}  # agrees on c7..c4
+    s2 = {"c7": 0.7, "c6": 0.6, "c5": 0.5, "c3": 0.95}
+    rungs, stages = run_stages(p, ladder_search(), escalation_quality(s4, s2, {"c7": 0.5, "c3": 0.96}))
+    assert [(r.scale, r.configs, r.kind) for r in rungs] == [
+        (4, ["c7", "c6", "c5", "c4"], LADDER), (2, ["c7", "c6"], LADDER), (1, ["c7"], LADDER),
+        (4, ["c3", "c2", "c1", "c0"], ESCALATION), (2, ["c3", "c5"], LADDER), (1, ["c3"], LADDER)]
+    assert rungs[3].why == "the target c7 scored 0.5 at full size, 28.6% worse than at S=2 (0.7)"
+    assert p.returned(stages) == "c3" and p.next_rung(stages) is None  # it held: no fallback
+    assert not p.final(stages[:2]) and not p.final(stages[:5])  # escalation, then fallbacks could follow the targets
+    # the escalated target regresses too: the fallback targets follow, in ladder order (S=2's ranking first)
+    rungs, stages = run_stages(p, ladder_search(), escalation_quality(s4, s2, {"c7": 0.5, "c3": 0.5, "c6": 0.65}))
+    assert [(r.scale, r.configs, r.kind) for r in rungs[5:]] == [(1, ["c3"], LADDER), (1, ["c6", "c5"], FALLBACK)]
+    assert p.returned(stages) == "c6" and p.final(stages[:7])
+    # a target that is the best at S=2 again after the escalation is not trained twice: the fallbacks follow
+    rungs, stages = run_stages(p, ladder_search(), escalation_quality(s4, {**s2, "c3": 0.6}, {"c7": 0.5}))
+    assert [(r.scale, r.configs, r.kind) for r in rungs[3:]] == [
+        (4, ["c3", "c2", "c1", "c0"], ESCALATION), (2, ["c3", "c5"], LADDER), (1, ["c6", "c3"], FALLBACK)]
+
+
+def test_escalation_only_from_s_8_and_its_cost_is_shown_up_front():
+    p = policy(scale=8)  # 16 configurations: 6 at S=4, 2 at S=2, 1 target; escalation: 10 at S=4, 6 at S=2, 1
+    assert p.escalation_cost(16) == pytest.approx(10 / 16 + 6 / 4 + 1)
+    assert p.describe(16) == "6 at S=4, 2 at S=2, 1 at full size: about 1.88 full-size trainings (compute ∝ " \
+                             "width²); if the rankings at S=8 and S=4 disagree or the target does worse than its " \
+                             "surrogate, all at S=4 and the ladder again from there: up to 3.12 more; if the target " \
+                             "still does worse, up to 2 more at full size (at most 7.00)"
+    for no in (policy(scale=4), policy(scale=8, escalate=False), policy(scale=1)):
+        assert not no.can_escalate() and no.escalation_cost(16) == 0 and "disagree" not in no.describe(16)
+    # S=4: a regressed target gets the fallback targets directly (an escalation would train all 16 at S=2)
+    rungs, _ = run_stages(policy(scale=4, eta=2), ladder_search(), escalation_quality({}, {"c7": 0.7}, {"c7": 0.5}))
+    assert [r.kind for r in rungs] == [LADDER, LADDER, FALLBACK]
+
+
+def test_stages_that_the_policy_would_not_have_trained_are_refused():
+    p = policy(scale=8)
+    search = scores_of([("a", 0.9), ("b", 0.8)])
+    with pytest.raises(ValueError, match="stage 2 follows stages after which nothing was to train"):
+        p.rungs([search, {}, scores_of([("a", 0.9)])])
 
 
 def test_spearman_matches_scipy_with_ties():

@@ -26,7 +26,7 @@ def test_seeds_ladder_and_top_k_targets(caplog):
     configs = [{"lr": 0.01 * (i + 1), "momentum": 0.0} for i in range(6)]
     inner = Scripted(configs)
     s = HydroSearcher(spec(), inner, num_samples=6, scale=8, fusion=4, ladder=True, eta=2, top_k=2, seeds=2,
-                      fallback_targets=0)  # fallbacks: below
+                      escalate=False, fallback_targets=0)  # escalation and fallbacks: below
     s.set_search_properties("val_acc", "max", {})
     # S=8: config i scores i/10 (seed 1: + 0.02); at S=4 and S=2 the order of what is left reverses.
     quality = {8: lambda i: i / 10, 4: lambda i: 1 - i / 10, 2: lambda i: 1 - i / 10}
@@ -125,6 +125,40 @@ def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
                                   "full size: 0.75"  # S=2 vs full size over 2 configurations: no rho
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "fallback target(s)" in warnings[0]  # the returned configuration held
+
+
+def test_a_regressed_target_escalates_to_s_over_2_and_the_ladder_goes_on_from_there(caplog):
+    s = HydroSearcher(spec(), num_samples=4, scale=8, fusion=4, ladder=True, eta=2, fallback_targets=0, seed=0)
+    s.set_search_properties("val_acc", "max", SPACE)
+    with caplog.at_level(logging.INFO, logger="hydro.tune.searcher"):
+        finish(s, "t0", plan_of(s.suggest("t0")), lambda m: int(m[1:]) / 10)  # S=8: m00003 best
+        rung = plan_of(s.suggest("r4"))
+        assert "if the rankings at S=8 and S=4 disagree or the target does worse than its surrogate, all at S=4 " \
+               "and the ladder again from there: up to" in caplog.text  # the cost, up front
+        assert [m for m, _ in rung.members] == ["m00003@4", "m00002@4"]
+        finish(s, "r4", rung, lambda m: 0.8 if m.startswith("m00003") else 0.7)
+        rung = plan_of(s.suggest("r2"))
+        assert [m for m, _ in rung.members] == ["m00003@2"]
+        finish(s, "r2", rung, lambda m: 0.8)
+        assert plan_of(s.suggest("target")).source["member"] == "m00003"
+        assert s.suggest("wait") is None  # not finished: an escalation may follow
+        s.on_trial_complete("target", {"val_acc": 0.6})  # 25% worse than at S=2
+        escalation = plan_of(s.suggest("e4"))
+        assert (escalation.kind, escalation.scale) == (TrialKind.SURROGATE, 4)
+        assert [m for m, _ in escalation.members] == ["m00001@4", "m00000@4"]  # the two not trained at S=4 yet
+        assert "transfer check: the target m00003 scored 0.6 at full size, 25.0% worse than at S=2 (0.8): fidelity " \
+               "escalation: training the 2 other configurations at S=4" in caplog.text
+        finish(s, "e4", escalation, lambda m: 0.9 if m.startswith("m00000") else 0.5)
+        rung = plan_of(s.suggest("e2"))  # the ladder from S=4 over all 4: its best 2 at S=2, m00003 trained there
+        assert [m for m, _ in rung.members] == ["m00000@2"]
+        finish(s, "e2", rung, lambda m: 0.9)
+        target = plan_of(s.suggest("target2"))
+        assert (target.kind, target.source["member"]) == (TrialKind.TARGET, "m00000")
+        assert s.suggest("after") == Searcher.FINISHED  # escalated once, no fallback targets asked for
+        s.on_trial_complete("target2", {"val_acc": 0.91})
+    assert s.transfer_report() == "val_acc of the returned configuration m00000 at each scale: S=8: 0, S=4: 0.9, " \
+                                  "S=2: 0.9, full size: 0.91. Transfer check (Spearman): S=8 vs S=4 over 4 " \
+                                  "configurations: rho -0.20 (95% upper bound 0.90)"
 
 
 def test_bad_transfer_settings_are_rejected_before_the_run():

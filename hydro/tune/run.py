@@ -124,7 +124,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     no GPU): the searcher hands out up to ``max_fusion`` members per trial, each trial measures how many fit and
     train fast on its device and trains them in chunks of that many, and the group's later trials get that
     many members. ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
-    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``fallback_targets``). Raises ``ValueError``
+    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``fallback_targets``). Raises ``ValueError``
     before anything runs for arguments that cannot work (:func:`check_arguments`), and when no node of a
     cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a warning); raises
     :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""

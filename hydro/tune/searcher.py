@@ -5,7 +5,8 @@ Each Ray trial is one fused group of up to F members (configurations). A thin ad
 under member ids, group by ``TuneSpec.group_key``, take groups of the planned size,
 :mod:`schedulers.member_pool`), the member ledger (each member's results reach the inner searcher as its own
 trial, once, :mod:`schedulers.member_ledger`), the transfer policy (when the transfer stages start, what they train
-— seed repeats, a width ladder, top-k full-size targets, fallback targets after a regressed one — and the
+— seed repeats, a width ladder, top-k full-size targets, fidelity escalation, fallback targets after a regressed
+one — and the
 transfer check, :mod:`schedulers.transfer`) and a fusion planner (:mod:`hydro.trial.fusion`). The run's
 best result is the best target's: the best configurations at full size, in µP when the members were shrunk.
 """
@@ -37,7 +38,7 @@ from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
-from schedulers.transfer import FULL_SIZE, Rung, Score, TransferPolicy, scores_of
+from schedulers.transfer import ESCALATION, FALLBACK, FULL_SIZE, Rung, Score, TransferPolicy, scores_of
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +91,13 @@ class HydroSearcher(Searcher):
     :class:`~schedulers.transfer.TransferPolicy`: ``seeds`` repeats of each configuration in surrogate trials
     (their score: mean ± spread), a width ``ladder`` (the best ``1/eta`` re-trained at S/2, S/4, ...), then
     the ``top_k`` best at full size, the best of which on validation is returned (default: the ladder, one
-    target, one seed, 2 fallback targets; ``ladder=False``: the best member's configuration alone);
-    ``fallback_targets``: when the returned target does worse at full size than at its finest surrogate scale,
-    that many more configurations (the next in ladder order) train at full size and the best full-size one is
-    returned. The run logs the
-    stages' cost up front (the fallback targets' as a maximum), the returned configuration's score at each scale
-    and the transfer check (a warning when rankings of consecutive scales disagree). Use it with
+    target, one seed, escalation, 2 fallback targets; ``ladder=False``: the best member's configuration alone);
+    ``escalate`` (S >= 8): when the ranking at S/2 disagrees with the search's or the target does worse at full
+    size than at its finest surrogate scale, every configuration is ranked at S/2 and the ladder goes on from
+    there (once); ``fallback_targets``: when the returned target still does worse, that many more configurations
+    (the next in ladder order) train at full size and the best full-size one is returned. The run logs the
+    stages' cost up front (escalation's and the fallback targets' as a maximum), the returned configuration's
+    score at each scale and the transfer check (a warning when rankings of consecutive scales disagree). Use it with
     ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials. ``data``: the
     ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when needed).
     ``trial_cpus``: CPUs (torch threads) each trial trains with (Tune's default: 1); ``plan_fusion`` measures
@@ -329,43 +331,45 @@ class HydroSearcher(Searcher):
     def _advance(self) -> None:
         """Close the stage in progress once all of it finished, and queue the next (or end the stages)."""
         transfer = self.state.transfer
-        rung = transfer.rung
-        if rung is not None:
+        current = transfer.rung
+        if current is not None:
             if transfer.waiting:
                 return
-            if rung.scale == FULL_SIZE:
-                if any(c not in transfer.target_values for c in rung.configs):
+            if current.scale == FULL_SIZE:
+                if any(c not in transfer.target_values for c in current.configs):
                     return
-                transfer.stages.append(scores_of((c, transfer.target_values[c]) for c in rung.configs))
+                transfer.stages.append(scores_of((c, transfer.target_values[c]) for c in current.configs))
             else:
                 finished = self.state.ledger.finished
                 if any(m not in finished for m in transfer.members):
                     return
                 transfer.stages.append(scores_of((_config_id(m), self._final_value(m)) for m in transfer.members))
-        transfer.rung = self.transfer.next_rung(transfer.stages)
-        if transfer.rung is None:
+        rung = transfer.rung = self.transfer.next_rung(transfer.stages)
+        if rung is None:
             self._finish_transfer()
             return
-        configs = {c: self.state.pool.configs[c] for c in transfer.rung.configs}
-        if transfer.rung.scale == FULL_SIZE:
+        configs = {c: self.state.pool.configs[c] for c in rung.configs}
+        if rung.scale == FULL_SIZE:
             transfer.waiting = [[(c, config)] for c, config in configs.items()]
-            regression = self.transfer.regression(transfer.stages)
-            if regression is not None:  # the targets trained: these are the fallback targets
-                logger.warning("transfer check: the target %s scored %.4g at full size, %.1f%% worse than at S=%d "
-                               "(%.4g): training %d fallback target(s) at full size, %s, and returning the best "
-                               "full-size one", regression.config, regression.full_size, 100 * regression.drop,
-                               regression.scale, regression.surrogate, len(configs), ", ".join(configs))
+            if rung.kind == FALLBACK:
+                logger.warning("transfer check: %s: training %d fallback target(s) at full size, %s, and returning "
+                               "the best full-size one", rung.why, len(configs), ", ".join(configs))
             return
-        members = [(_repeat_id(f"{c}@{transfer.rung.scale}", s), config) for c, config in configs.items()
-                   for s in range(transfer.rung.seeds)]
+        members = [(_repeat_id(f"{c}@{rung.scale}", s), config) for c, config in configs.items()
+                   for s in range(rung.seeds)]
         transfer.members = [m for m, _ in members]
         groups: dict = {}
         for member in members:
             groups.setdefault(self.spec.group_key(member[1]), []).append(member)
         size = max(1, self.state.pool.max_fusion)
         transfer.waiting = [g[i:i + size] for g in groups.values() for i in range(0, len(g), size)]
-        logger.info("width ladder: training %d configurations at S=%d%s", len(configs), transfer.rung.scale,
-                    f" ({transfer.rung.seeds} seeds each)" if transfer.rung.seeds > 1 else "")
+        seeds = f" ({rung.seeds} seeds each)" if rung.seeds > 1 else ""
+        if rung.kind == ESCALATION:
+            logger.warning("transfer check: %s: fidelity escalation: training the %d other configurations at S=%d%s "
+                           "to rank all of them there, then the ladder again from there", rung.why, len(configs),
+                           rung.scale, seeds)
+        else:
+            logger.info("width ladder: training %d configurations at S=%d%s", len(configs), rung.scale, seeds)
 
     def _finish_transfer(self) -> None:
         transfer = self.state.transfer
