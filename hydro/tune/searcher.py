@@ -6,9 +6,8 @@ under member ids, group by ``TuneSpec.group_key``, take groups of the planned si
 :mod:`schedulers.member_pool`), the member ledger (each member's results reach the inner searcher as its own
 trial, once, :mod:`schedulers.member_ledger`), the transfer policy (when the transfer stages start, what they train
 — seed repeats, a width ladder, top-k full-size targets, fidelity escalation, fallback targets after a regressed
-one — and the
-transfer check, :mod:`schedulers.transfer`) and a fusion planner (:mod:`hydro.trial.fusion`). The run's
-best result is the best target's: the best configurations at full size, in µP when the members were shrunk.
+one — and the transfer check, :mod:`schedulers.transfer`) and a fusion planner (:mod:`hydro.trial.fusion`). The
+run's best result is the best target's: the best configurations at full size, in µP when the members were shrunk.
 """
 from __future__ import annotations
 
