@@ -166,7 +166,8 @@ class _Proxy:
         try:
             kept = ray.get(host.attach_fill.remote(self.workload, self.plan, slot["mode"],
                                                    member_ids=None if unit.state else unit.member_ids,
-                                                   state=unit.state, epochs=self.spec.epochs))
+                                                   state=unit.state, epochs=self.spec.epochs,
+                                                   one_member_bytes=self.need))
         except ray.exceptions.RayActorError:
             self.service.slot_lost.remote(slot["slot"])
             return
