@@ -186,6 +186,10 @@ class TransferPolicy:
             raise ValueError(f"TransferPolicy: max_target_drop must be >= 0, got {self.max_target_drop!r}")
         if self.mode not in ("min", "max"):
             raise ValueError(f"TransferPolicy: mode must be 'min' or 'max', got {self.mode!r}")
+        if not isinstance(self.ladder, bool):
+            raise ValueError(f"TransferPolicy: ladder must be True or False, got {self.ladder!r}")
+        if not -1 <= self.min_agreement <= 1:
+            raise ValueError(f"TransferPolicy: min_agreement is a Spearman rho, in [-1, 1]; got {self.min_agreement!r}")
 
     # --- when the stages start ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ best result is the best target's: the best configurations at full size, in µP w
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -40,6 +41,8 @@ from schedulers.member_stopping import MemberStopping, StoppingRule
 from schedulers.transfer import FULL_SIZE, Rung, Score, TransferPolicy, scores_of
 
 logger = logging.getLogger(__name__)
+
+_SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale"}  # TransferPolicy fields not in **transfer
 
 
 @dataclass
@@ -110,6 +113,13 @@ class HydroSearcher(Searcher):
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
+        if searcher is not None and not isinstance(searcher, Searcher):
+            raise TypeError(f"HydroSearcher: searcher must be a Ray Tune Searcher (e.g. OptunaSearch()) or None "
+                            f"(random search of the param space), got {type(searcher).__name__}")
+        options = sorted(f.name for f in dataclasses.fields(TransferPolicy) if f.name not in _SET_BY_SEARCHER)
+        unknown = sorted(set(transfer) - set(options))
+        if unknown:
+            raise TypeError(f"HydroSearcher: unknown transfer option(s) {unknown}; the transfer options are {options}")
         self.spec, self.scale, self.trial_cpus, self._data = spec, scale, trial_cpus, data
         self._planner = None if fusion == "auto" else fusion if isinstance(fusion, FusionPlanner) else FixedFusion(fusion)
         self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode, scale=scale, **transfer)
