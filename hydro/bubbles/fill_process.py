@@ -54,12 +54,13 @@ _server_preload: list[str] = []  # what this process's fill server imports, once
 
 def start_fill_server(preload: Sequence[str] = ()) -> None:
     """Start this process's fill server, the process fill processes are forked from, unless it runs. It imports
-    torch, this module and ``preload`` once; the first call chooses ``preload``. ``preload``: modules every child
+    torch (and ``torch._dynamo``), this module and ``preload`` once; the first call chooses ``preload``. ``preload``: modules every child
     would import anyway, e.g. those of the parent's ``__main__`` (multiprocessing runs a script's ``__main__``
     again in each child, so a Ray worker's children would each import Ray). Call it when the host starts,
     before the main job runs."""
     if not _server_preload:
-        _server_preload.extend([__name__, *preload])
+        # torch._dynamo: what torch's optimizers import on first use, a second or more of every fill's start
+        _server_preload.extend([__name__, "torch._dynamo", *preload])
         multiprocessing.get_context("forkserver").set_forkserver_preload(_server_preload)
     multiprocessing.forkserver.ensure_running()
 

@@ -29,9 +29,10 @@ from hydro.trial.plan import TrialPlan
 from hydro.trial.spec import TuneSpec
 
 
-# A Ray worker's __main__ (the script multiprocessing runs again in each fill process) imports Ray: its hosts'
-# fill servers import it once, so fills start without importing it again.
-FILL_PRELOAD = ("ray",)
+# A Ray worker's __main__ (the script multiprocessing runs again in each fill process) imports Ray, and a Hydro
+# workload's param space is written with Ray Tune: the hosts' fill servers import both once, so fills start
+# without importing them again.
+FILL_PRELOAD = ("ray", "ray.tune")
 
 
 class StageHost(FillHost):
