@@ -354,12 +354,12 @@ def _child_main(workload, plan, member_ids, state, memory_budget_bytes, one_memb
         conn.send_bytes(pickle.dumps((kind, payload)))
 
     try:
-        spec, state = pickle.loads(workload), pickle.loads(state)
-        if idle:
+        if idle:  # before anything of the workload runs (unpickling imports the user's modules)
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # threads started below inherit it
         if cpus:
             os.sched_setaffinity(0, cpus)
         torch.set_num_threads(1)
+        spec, state = pickle.loads(workload), pickle.loads(state)
         data = spec.load_data()
         configs = dict(plan.members)
         ids = list(state["trial"]["member_ids"]) if state else list(member_ids)
