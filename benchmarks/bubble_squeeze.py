@@ -2,13 +2,13 @@
 
 The fill trials are what a ``HydroSearcher`` starts: µP surrogates (width ÷ ``--scale``) of a user ``TuneSpec``
 (``hydro.tune.examples.digits_mlp``: an MLP on scikit-learn's digits, plain torch SGD), ``--members`` fused per
-stage; between chunks of iterations the benchmark plays the Tune proxy and lets every member go on after each
-epoch. The same main job in three modes: alone; with a gated fill trial in every stage (runs only inside
-bubbles, layer by layer); with naive co-location (fill trials simply run alongside). The modes are
-interleaved in rounds (alone, gated, naive, alone, ...) so drifts of a shared machine hit all of them alike;
-the slowdown is the median over rounds of (mode / alone of the same round). Reported: main-job iteration
-time and slowdown, fill throughput (member-steps/s), and the fraction of bubble time turned into fill work
-(fill CPU seconds / bubble seconds). Writes JSON and a PNG timeline of one iteration.
+stage; a thread plays the Tune proxy (``hydro.tune.fill_trainable``): it polls every fill trial as often as the
+proxy does and lets every member go on after each epoch. The same main job in three modes: alone; with a gated fill
+trial in every stage (runs only inside bubbles, layer by layer); with naive co-location (fill trials simply run
+alongside). The modes are interleaved in rounds (alone, gated, naive, alone, ...) so drifts of a shared machine hit
+all of them alike; the slowdown is the median over rounds of (mode / alone of the same round). Reported: main-job
+iteration time and slowdown, fill throughput (member-steps/s), and the fraction of bubble time turned into fill
+work (fill CPU seconds / bubble seconds). Writes JSON and a PNG timeline of one iteration.
 
     python benchmarks/bubble_squeeze.py [--rounds 10] [--iterations 30] [--members 4] [--scale 4]
                                         [--out benchmarks/results]
@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import threading
 from pathlib import Path
 
 import ray
@@ -27,24 +28,30 @@ from hydro.bubbles import PipelineSpec, SlotMode
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.spec import TuneSpec
 from hydro.tune.examples import digits_mlp
+from hydro.tune.fill_trainable import POLL_S
 from hydro.tune.pipeline_job import PipelineJob
 
-CHUNK = 5  # iterations between the proxy's looks at the fill trials (epoch results to decide)
+CHUNK = 5  # iterations per job.run call
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_mode(job: PipelineJob, mode: SlotMode | None, spec: TuneSpec, plan: TrialPlan, iterations: int) -> dict:
+    proxy, failures = threading.Event(), []  # set: the proxy stops; what failed in its thread
+    decider = threading.Thread(target=_let_members_go_on, args=(job, proxy, failures))
     if mode is not None:
         for stage in range(job.num_stages):
             job.attach_fill(stage, spec, plan, mode)
+        decider.start()
     job.run(2)  # settle
     chunks = []
     for done in range(0, iterations, CHUNK):
         chunks.append(job.run(min(CHUNK, iterations - done), fill_activity=done + CHUNK >= iterations))
-        if mode is not None:
-            _let_members_go_on(job)
     if mode is not None:
+        proxy.set()
+        decider.join()
+        if failures:
+            raise RuntimeError(failures[0])
         for stage in range(job.num_stages):
             job.detach_fill(stage)
     reports = [_merge([chunk[stage] for chunk in chunks]) for stage in range(job.num_stages)]
@@ -58,14 +65,17 @@ def run_mode(job: PipelineJob, mode: SlotMode | None, spec: TuneSpec, plan: Tria
             "reports": [chunks[-1][stage] for stage in range(job.num_stages)]}
 
 
-def _let_members_go_on(job: PipelineJob) -> None:
-    """The Tune proxy's part: every fill trial's posted epoch result is decided (all members go on)."""
-    for stage in range(job.num_stages):
-        status = job.fill_status(stage)
-        if status is not None and "failed" in status:
-            raise RuntimeError(f"the fill trial of stage {stage} failed: {status['failed']}")
-        if status is not None and status["result"] is not None:
-            ray.get(job.stages[stage].fill_decide.remote(status["result"].member_ids))
+def _let_members_go_on(job: PipelineJob, stop: threading.Event, failures: list[str]) -> None:
+    """The Tune proxy's part until ``stop``: every fill trial's posted epoch result is decided (all members go
+    on), polled as often as the proxy polls; a failed fill ends it with its cause in ``failures``."""
+    while not stop.wait(POLL_S):
+        for stage in range(job.num_stages):
+            status = job.fill_status(stage)
+            if status is not None and "failed" in status:
+                failures.append(f"the fill trial of stage {stage} failed: {status['failed']}")
+                return
+            if status is not None and status["result"] is not None:
+                ray.get(job.stages[stage].fill_decide.remote(status["result"].member_ids))
 
 
 def _merge(reports: list[dict]) -> dict:

@@ -46,7 +46,7 @@ from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.random_search import RandomSearch
-from schedulers.transfer import ESCALATION, FALLBACK, Score, TransferPolicy, scores_of, spearman
+from schedulers.transfer import RungKind, Score, TransferPolicy, scores_of, spearman
 
 NOISE_SEEDS = (1, 2)  # extra full-size seeds of stock's top configuration
 
@@ -196,8 +196,8 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
             "trail": [(s, vars(score)) for s, score in policy.trail(stages, returned)],
             "checks": [vars(c) for c in policy.checks(stages)],
             "regression": None if (r := policy.regression(stages[:first + 2])) is None else vars(r),
-            "escalation": next((r.why for r in rungs if r.kind == ESCALATION), None),
-            "fallback": [c for r in rungs if r.kind == FALLBACK for c in r.configs],
+            "escalation": next((r.why for r in rungs if r.kind == RungKind.ESCALATION), None),
+            "fallback": [c for r in rungs if r.kind == RungKind.FALLBACK for c in r.configs],
             "search_scores": {c: s.mean for c, s in stages[0].items()}}
 
 

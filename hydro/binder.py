@@ -72,12 +72,17 @@ def fuse(models: Sequence[nn.Module], *, leaf_modules: Iterable[type[nn.Module]]
     ``leaf_modules``: classes fused as a whole with ``torch.vmap`` instead of being traced into.
     ``fused_inputs``: the fused model takes per-member inputs ``[F, N, ...]`` instead of a shared batch.
     """
+    if isinstance(models, nn.Module):
+        raise FuseError(f"hydro.fuse takes a list of models, got one {type(models).__name__}. "
+                        f"Fix: hydro.fuse([model_0, model_1, ...]), each member its own model")
     models = list(models)
-    if not models or not all(isinstance(m, nn.Module) for m in models):
-        raise FuseError("hydro.fuse needs a non-empty sequence of nn.Module members")
+    if not models:
+        raise FuseError("hydro.fuse needs at least one model, got an empty sequence")
     for i, model in enumerate(models):
+        if not isinstance(model, nn.Module):
+            raise FuseError(f"hydro.fuse: member {i} is a {type(model).__name__}, not an nn.Module")
         _check_no_hooks(model, i)
-    tracer_leaves = tuple(leaf_modules)
+    tracer_leaves = leaf_module_types(leaf_modules, "hydro.fuse")
     first, per_member = _trace_until_stateless(models[0], tracer_leaves)
     is_leaf = _leaf_predicate(tracer_leaves, frozenset(per_member))
     # The other members only need their graphs (their architecture must equal member 0's, checked below).
@@ -88,8 +93,26 @@ def fuse(models: Sequence[nn.Module], *, leaf_modules: Iterable[type[nn.Module]]
     return _build(models, first, is_leaf, per_member, fused_inputs)
 
 
+def leaf_module_types(leaf_modules: Iterable[type[nn.Module]], owner: str) -> tuple[type[nn.Module], ...]:
+    """``leaf_modules`` as a tuple of ``nn.Module`` classes; ``owner`` (e.g. ``"hydro.fuse"``) names the caller
+    in the ``FuseError`` for anything else (a common slip: an instance instead of its class)."""
+    leaves = tuple(leaf_modules)
+    for leaf in leaves:
+        if not (isinstance(leaf, type) and issubclass(leaf, nn.Module)):
+            name = type(leaf).__name__
+            fix = f"pass the class: leaf_modules=[{name}]" if isinstance(leaf, nn.Module) else "pass nn.Module classes"
+            raise FuseError(f"{owner}: leaf_modules must be nn.Module classes, got {leaf!r}. Fix: {fix}")
+    return leaves
+
+
+def _require_fused(fused: FusedModel, owner: str) -> None:
+    if not isinstance(fused, FusedModel):
+        raise TypeError(f"{owner} needs the FusedModel that hydro.fuse returned, got {type(fused).__name__}")
+
+
 def unfuse(fused: FusedModel) -> list[nn.Module]:
     """The members as independent modules of the original class, holding their current weights."""
+    _require_fused(fused, "hydro.unfuse")
     template = fused._template[0]
     state = fused.state_dict()
     device = next((t.device for t in state.values()), torch.device("cpu"))
@@ -107,8 +130,12 @@ def unfuse(fused: FusedModel) -> list[nn.Module]:
 @torch.no_grad()
 def keep_members(fused: FusedModel, members: Sequence[int], optimizer=None, schedulers: Iterable = ()) -> None:
     """Keep only ``members`` (positions in the current fused model), in place, with their weights, running
-    statistics, gradients and — when given — optimizer state and LR-scheduler state."""
+    statistics, gradients and — when given — optimizer state and LR-scheduler state. Every argument is checked
+    before anything is sliced."""
+    _require_fused(fused, "hydro.keep_members")
     index = _member_index(members, fused.num_members)
+    schedulers = list(schedulers)
+    _check_optimizer(fused, optimizer, schedulers)
     seen: set[int] = set()
     for module in fused.modules():
         for name, param in module._parameters.items():
@@ -130,11 +157,40 @@ def keep_members(fused: FusedModel, members: Sequence[int], optimizer=None, sche
 
 
 def _member_index(members: Sequence[int], count: int) -> Tensor:
-    index = torch.as_tensor(list(members), dtype=torch.long)
-    if index.dim() != 1 or len(index) == 0 or len(set(index.tolist())) != len(index) \
-            or index.min() < 0 or index.max() >= count:
-        raise ValueError(f"members must be distinct positions in [0, {count}), got {list(members)}")
-    return index
+    given = list(members)
+    try:  # integers of any kind (numpy, 0-d tensors), never floats or bools
+        positions = [operator.index(m) for m in given if not isinstance(m, bool)]
+    except TypeError:
+        positions = []
+    if not positions or len(positions) != len(given) or len(set(positions)) != len(positions) \
+            or not all(0 <= m < count for m in positions):
+        raise ValueError(f"hydro.keep_members: members must be distinct positions (ints) in [0, {count}), "
+                         f"got {given}")
+    return torch.tensor(positions, dtype=torch.long)
+
+
+def _check_optimizer(fused: FusedModel, optimizer, schedulers: list) -> None:
+    """The optimizer must be a ``hydro.optim`` one over ``fused``'s parameters with as many members, and each
+    scheduler a ``hydro.optim.lr_scheduler`` one of that optimizer (else slicing would leave them out of step)."""
+    owner = "hydro.keep_members"
+    if optimizer is not None:
+        if not hasattr(optimizer, "keep_members"):
+            raise TypeError(f"{owner}: optimizer must be a hydro.optim optimizer (its state is sliced per member), "
+                            f"got {type(optimizer).__module__}.{type(optimizer).__name__}")
+        own = {id(p) for p in fused.parameters()}
+        if any(id(p) not in own for group in optimizer.param_groups for p in group["params"]):
+            raise ValueError(f"{owner}: the optimizer holds parameters that are not this fused model's; pass the "
+                             f"optimizer built on this model's parameters")
+        if optimizer.num_members != fused.num_members:
+            raise ValueError(f"{owner}: the optimizer holds {optimizer.num_members} members, the model "
+                             f"{fused.num_members}; slice them together, in the same keep_members call")
+    for scheduler in schedulers:
+        if not hasattr(scheduler, "keep_members"):
+            raise TypeError(f"{owner}: schedulers must be hydro.optim.lr_scheduler schedulers, got "
+                            f"{type(scheduler).__module__}.{type(scheduler).__name__}")
+        if optimizer is None or scheduler.optimizer is not optimizer:
+            raise ValueError(f"{owner}: {type(scheduler).__name__} schedules another optimizer than the one given; "
+                             f"pass the optimizer it schedules too")
 
 
 # --- tracing and checks -------------------------------------------------------------------------------

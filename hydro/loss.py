@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.loss import _Loss
 
 
 def trial_losses(loss_fn: Callable[..., Tensor], output: Tensor, target: Tensor, *,
@@ -20,6 +21,7 @@ def trial_losses(loss_fn: Callable[..., Tensor], output: Tensor, target: Tensor,
     ``target_fused=True``). ``loss_fn`` is any torch loss of one model (module or function) that reduces
     to a scalar, e.g. ``nn.CrossEntropyLoss()``.
     """
+    _check_arguments(loss_fn, output, target, target_fused)
     if isinstance(loss_fn, nn.CrossEntropyLoss) and loss_fn.reduction == "mean" and not target_fused \
             and target.dtype == torch.long:
         return _cross_entropy(loss_fn, output, target)
@@ -28,6 +30,28 @@ def trial_losses(loss_fn: Callable[..., Tensor], output: Tensor, target: Tensor,
         raise ValueError(f"loss_fn must reduce each member's loss to a scalar (reduction='mean' or 'sum'); it "
                          f"returned shape {tuple(losses.shape[1:])} per member")
     return losses
+
+
+def _check_arguments(loss_fn, output, target, target_fused: bool) -> None:
+    """A loss module's class instead of an instance, or shapes that do not pair member outputs with the targets
+    of a torch loss module (which needs the batch dimensions to agree)."""
+    if isinstance(loss_fn, type):
+        raise TypeError(f"hydro.trial_losses: loss_fn is the class {loss_fn.__name__}; pass an instance, "
+                        f"e.g. {loss_fn.__name__}()")
+    if not callable(loss_fn):
+        raise TypeError(f"hydro.trial_losses: loss_fn must be a loss function or module, got {type(loss_fn).__name__}")
+    if not (isinstance(loss_fn, _Loss) and isinstance(output, Tensor) and isinstance(target, Tensor)) \
+            or target.dim() == 0:
+        return  # a function of the user's may reshape; a tuple of outputs: vmap maps over each
+    if target_fused:
+        paired = output.dim() >= 1 and target.shape[0] == output.shape[0]
+        expected = "a target [F, N, ...] with the output's F (target_fused=True)"
+    else:
+        paired = output.dim() >= 2 and output.shape[1] == target.shape[0]
+        expected = "the fused model's output [F, N, ...] and the members' shared target [N, ...]"
+    if not paired:
+        raise ValueError(f"hydro.trial_losses: output {tuple(output.shape)} and target {tuple(target.shape)} do not "
+                         f"pair up; expected {expected}")
 
 
 def _cross_entropy(loss_fn: nn.CrossEntropyLoss, output: Tensor, target: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from hydro.binder import fuse
+from hydro.checks import check, is_count
 from hydro.loss import trial_losses
 from hydro.optim import SGD
 from hydro.profiling import (free_memory_bytes, measure_training_step, optimized_tensors,  # noqa: F401 (public
@@ -53,18 +54,33 @@ def plan_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, Ten
     with, as many as the training will have (default: this process's setting). ``candidates``: the counts to
     measure (e.g. the two or three a step-time model predicts best), instead of the ladder 1, 2, 4, ...
     """
+    _check_arguments(model_factory, batch, max_members, memory_budget_bytes, steps, tolerance, threads, candidates)
     with torch_threads(threads):
         return _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, device, steps, tolerance,
                      candidates)
 
 
+def _check_arguments(model_factory, batch, max_members, memory_budget_bytes, steps, tolerance, threads,
+                     candidates) -> None:
+    """Refuse arguments that cannot plan, before anything is measured."""
+    if isinstance(model_factory, nn.Module) or not callable(model_factory):
+        raise TypeError(f"plan_fusion: model_factory must be a function returning a new model (each member is "
+                        f"built by it), got {type(model_factory).__name__}. Fix: lambda: copy.deepcopy(model)")
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch)):
+        raise TypeError(f"plan_fusion: batch must be (inputs, targets) tensors, got {type(batch).__name__}")
+    check("plan_fusion: ",
+          ("max_members", max_members, is_count, "an int >= 1"),
+          ("memory_budget_bytes", memory_budget_bytes, lambda v: v is None or v > 0, "None (the device's) or > 0"),
+          ("steps", steps, is_count, "an int >= 1 (timed steps per count)"),
+          ("tolerance", tolerance, lambda v: v >= 0, ">= 0 (1: the largest count that fits)"),
+          ("threads", threads, lambda v: v is None or is_count(v), "None (this process's) or an int >= 1"),
+          ("candidates", candidates,
+           lambda v: v is None or (bool(v) and all(is_count(c) and c <= max_members for c in v)),
+           f"None or a non-empty list of ints in 1..max_members ({max_members})"))
+
+
 def _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, device, steps, tolerance,
           candidates) -> FusionPlan:
-    if max_members < 1:
-        raise ValueError(f"max_members must be >= 1, got {max_members}")
-    if candidates is not None and not all(isinstance(c, int) and 1 <= c <= max_members for c in candidates or [0]):
-        raise ValueError(f"plan_fusion: candidates must be a non-empty list of ints in 1..max_members "
-                         f"({max_members}), got {candidates!r}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     budget = memory_budget_bytes if memory_budget_bytes is not None else _default_budget(device)
     candidates = sorted(set(candidates)) if candidates is not None else sorted(

@@ -42,10 +42,10 @@ class MemberPool:
     source_finished: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_samples < 1:
-            raise ValueError(f"num_samples (member configurations) must be >= 1, got {self.num_samples}")
-        if self.max_fusion < 1:
-            raise ValueError(f"max_fusion must be >= 1, got {self.max_fusion}")
+        for name, what in (("num_samples", "member configurations"), ("max_fusion", "members per fused trial")):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} ({what}) must be an int >= 1, got {value!r}")
 
     @property
     def drawn(self) -> int:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 FULL_SIZE = 1
 # Ranking every configuration again at S/2 costs (2/S)² of a full-size search of them: 1/16 at S=8, but 1/4 at
@@ -77,20 +78,25 @@ def scores_of(values: Iterable[tuple[str, float]]) -> dict[str, Score]:
 Stages = Sequence[Mapping[str, Score]]  # config id -> score of each finished stage, the search's first
 
 
-LADDER, ESCALATION, FALLBACK = "ladder", "escalation", "fallback"  # what a rung is for
+class RungKind(Enum):
+    """What a rung is for."""
+
+    LADDER = "ladder"
+    ESCALATION = "escalation"
+    FALLBACK = "fallback"
 
 
 @dataclass(frozen=True)
 class Rung:
     """A stage to train: ``configs`` (ids, best first) at width ÷ ``scale``, each ``seeds`` times. ``kind``:
-    :data:`LADDER` (a planned stage: ladder rung or full-size targets, also after an escalation),
-    :data:`ESCALATION` (the configurations not yet trained at S/2, to rank all of them there) or
-    :data:`FALLBACK` (fallback targets); ``why``: what caused an escalation or fallback, for the log."""
+    :attr:`RungKind.LADDER` (a planned stage: ladder rung or full-size targets, also after an escalation),
+    :attr:`RungKind.ESCALATION` (the configurations not yet trained at S/2, to rank all of them there) or
+    :attr:`RungKind.FALLBACK` (fallback targets); ``why``: what caused an escalation or fallback, for the log."""
 
     scale: int
     configs: list[str]
     seeds: int
-    kind: str = LADDER
+    kind: RungKind = RungKind.LADDER
     why: str = ""
 
 
@@ -208,6 +214,11 @@ class TransferPolicy:
             raise ValueError(f"TransferPolicy: max_target_drop must be >= 0, got {self.max_target_drop!r}")
         if self.mode not in ("min", "max"):
             raise ValueError(f"TransferPolicy: mode must be 'min' or 'max', got {self.mode!r}")
+        for name in ("ladder", "escalate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"TransferPolicy: {name} must be True or False, got {getattr(self, name)!r}")
+        if not -1 <= self.min_agreement <= 1:
+            raise ValueError(f"TransferPolicy: min_agreement is a Spearman rho, in [-1, 1]; got {self.min_agreement!r}")
 
     # --- when the stages start ----------------------------------------------------------------------------
 
@@ -311,7 +322,7 @@ class TransferPolicy:
         if not stages or not stages[-1]:
             return None
         merged, tried = self._merged(stages, rungs), self._tried(rungs)
-        escalated = any(r.kind == ESCALATION for r in rungs)
+        escalated = any(r.kind == RungKind.ESCALATION for r in rungs)
         base = self.scale // 2 if escalated else self.scale
 
         def at(scale: int) -> Mapping[str, Score]:  # the search's scores at S (S=1: apart from the targets')
@@ -332,11 +343,11 @@ class TransferPolicy:
                f"{100 * regression.drop:.1f}% worse than at S={regression.scale} ({regression.surrogate:.4g})")
         if not escalated and self.can_escalate() and (escalation := self._escalation(stages, tried, why)) is not None:
             return escalation
-        if any(r.kind == FALLBACK for r in rungs) or self.fallbacks(len(stages[0])) == 0:
+        if any(r.kind == RungKind.FALLBACK for r in rungs) or self.fallbacks(len(stages[0])) == 0:
             return None
         fallback = [c for c in self._ladder_order(scales, self.ranking)
                     if c not in tried.get(FULL_SIZE, ())][:self.fallback_targets]
-        return Rung(FULL_SIZE, fallback, 1, FALLBACK, why) if fallback else None
+        return Rung(FULL_SIZE, fallback, 1, RungKind.FALLBACK, why) if fallback else None
 
     def _disagreement(self, stages: Stages, first: Mapping[str, Score], tried: Mapping[int, set[str]]) -> Rung | None:
         """An escalation if the check of the search against the ``first`` rung (S/2) is low, else ``None``."""
@@ -350,7 +361,7 @@ class TransferPolicy:
     def _escalation(self, stages: Stages, tried: Mapping[int, set[str]], why: str) -> Rung | None:
         """The configurations of the search not yet trained at S/2, to train there (``None`` if there is none)."""
         configs = [c for c in self.ranking(stages[0]) if c not in tried.get(self.scale // 2, ())]
-        return Rung(self.scale // 2, configs, self.seeds, ESCALATION, why) if configs else None
+        return Rung(self.scale // 2, configs, self.seeds, RungKind.ESCALATION, why) if configs else None
 
     @staticmethod
     def _merged(stages: Stages, rungs: Sequence[Rung]) -> dict[int, dict[str, Score]]:
@@ -375,8 +386,8 @@ class TransferPolicy:
         if rung is None or rung.scale != FULL_SIZE:
             return rung is None
         kinds = {r.kind for r in self.rungs(stages)} | {rung.kind}
-        escalation_left = self.can_escalate() and ESCALATION not in kinds
-        fallback_left = self.fallbacks(len(stages[0])) > 0 and FALLBACK not in kinds
+        escalation_left = self.can_escalate() and RungKind.ESCALATION not in kinds
+        fallback_left = self.fallbacks(len(stages[0])) > 0 and RungKind.FALLBACK not in kinds
         return not escalation_left and not fallback_left
     def ladder_order(self, stages: Stages) -> list[str]:
         """The surrogate-scored configurations, best first: by the finest surrogate scale each reached, then by

@@ -5,7 +5,7 @@ import math
 import pytest
 from scipy.stats import spearmanr
 
-from schedulers.transfer import (ESCALATION, FALLBACK, LADDER, ONE_SIDED_95, Score, TransferPolicy, rho_upper_bound,
+from schedulers.transfer import (ONE_SIDED_95, RungKind, Score, TransferPolicy, rho_upper_bound,
                                  scores_of, spearman)
 
 
@@ -205,8 +205,8 @@ def test_a_low_first_check_escalates_every_configuration_to_s_over_2_and_the_lad
     reversed_at_4 = {f"c{i}": 1 - i / 10 for i in range(8)}  # c0 best, c7 worst: the opposite of S=8
     rungs, stages = run_stages(p, ladder_search(), escalation_quality(reversed_at_4, {"c0": 0.95}, {"c0": 0.96}))
     assert [(r.scale, r.configs, r.kind) for r in rungs] == [
-        (4, ["c7", "c6", "c5", "c4"], LADDER), (4, ["c3", "c2", "c1", "c0"], ESCALATION),
-        (2, ["c0", "c1", "c2", "c3"], LADDER), (1, ["c0"], LADDER)]  # the ladder from S=4 over all 8
+        (4, ["c7", "c6", "c5", "c4"], RungKind.LADDER), (4, ["c3", "c2", "c1", "c0"], RungKind.ESCALATION),
+        (2, ["c0", "c1", "c2", "c3"], RungKind.LADDER), (1, ["c0"], RungKind.LADDER)]  # the ladder from S=4 over all 8
     assert rungs[1].why == "the rankings at S=8 and S=4 disagree (Spearman -1.00 over 4 configurations, 95% upper " \
                            "bound -0.99)"
     assert p.returned(stages) == "c0" and p.regression(stages) is None and p.next_rung(stages) is None
@@ -222,19 +222,19 @@ def test_a_regressed_target_escalates_once_then_falls_back():
     s2 = {"c7": 0.7, "c6": 0.6, "c5": 0.5, "c3": 0.95}
     rungs, stages = run_stages(p, ladder_search(), escalation_quality(s4, s2, {"c7": 0.5, "c3": 0.96}))
     assert [(r.scale, r.configs, r.kind) for r in rungs] == [
-        (4, ["c7", "c6", "c5", "c4"], LADDER), (2, ["c7", "c6"], LADDER), (1, ["c7"], LADDER),
-        (4, ["c3", "c2", "c1", "c0"], ESCALATION), (2, ["c3", "c5"], LADDER), (1, ["c3"], LADDER)]
+        (4, ["c7", "c6", "c5", "c4"], RungKind.LADDER), (2, ["c7", "c6"], RungKind.LADDER), (1, ["c7"], RungKind.LADDER),
+        (4, ["c3", "c2", "c1", "c0"], RungKind.ESCALATION), (2, ["c3", "c5"], RungKind.LADDER), (1, ["c3"], RungKind.LADDER)]
     assert rungs[3].why == "the target c7 scored 0.5 at full size, 28.6% worse than at S=2 (0.7)"
     assert p.returned(stages) == "c3" and p.next_rung(stages) is None  # it held: no fallback
     assert not p.final(stages[:2]) and not p.final(stages[:5])  # escalation, then fallbacks could follow the targets
     # the escalated target regresses too: the fallback targets follow, in ladder order (S=2's ranking first)
     rungs, stages = run_stages(p, ladder_search(), escalation_quality(s4, s2, {"c7": 0.5, "c3": 0.5, "c6": 0.65}))
-    assert [(r.scale, r.configs, r.kind) for r in rungs[5:]] == [(1, ["c3"], LADDER), (1, ["c6", "c5"], FALLBACK)]
+    assert [(r.scale, r.configs, r.kind) for r in rungs[5:]] == [(1, ["c3"], RungKind.LADDER), (1, ["c6", "c5"], RungKind.FALLBACK)]
     assert p.returned(stages) == "c6" and p.final(stages[:7])
     # a target that is the best at S=2 again after the escalation is not trained twice: the fallbacks follow
     rungs, stages = run_stages(p, ladder_search(), escalation_quality(s4, {**s2, "c3": 0.6}, {"c7": 0.5}))
     assert [(r.scale, r.configs, r.kind) for r in rungs[3:]] == [
-        (4, ["c3", "c2", "c1", "c0"], ESCALATION), (2, ["c3", "c5"], LADDER), (1, ["c6", "c3"], FALLBACK)]
+        (4, ["c3", "c2", "c1", "c0"], RungKind.ESCALATION), (2, ["c3", "c5"], RungKind.LADDER), (1, ["c6", "c3"], RungKind.FALLBACK)]
 
 
 def test_escalation_only_from_s_8_and_its_cost_is_shown_up_front():
@@ -248,7 +248,7 @@ def test_escalation_only_from_s_8_and_its_cost_is_shown_up_front():
         assert not no.can_escalate() and no.escalation_cost(16) == 0 and "disagree" not in no.describe(16)
     # S=4: a regressed target gets the fallback targets directly (an escalation would train all 16 at S=2)
     rungs, _ = run_stages(policy(scale=4, eta=2), ladder_search(), escalation_quality({}, {"c7": 0.7}, {"c7": 0.5}))
-    assert [r.kind for r in rungs] == [LADDER, LADDER, FALLBACK]
+    assert [r.kind for r in rungs] == [RungKind.LADDER, RungKind.LADDER, RungKind.FALLBACK]
 
 
 def test_stages_that_the_policy_would_not_have_trained_are_refused():

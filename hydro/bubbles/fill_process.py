@@ -12,11 +12,16 @@ and waits for the caller's decision (the members that go on), then keeps a snaps
 counters are in shared memory (read without waking the child); results and states travel over a pipe on
 request, answered by a control thread in the child, as plain pickles (torch's multiprocessing pickler would
 pass tensors as shared-memory handles that die with the child).
+
+Children are forked from a *fill server* (multiprocessing's ``forkserver``) that imported torch and this module
+once: a fill starts in milliseconds, and none of its start-up runs at normal priority beside the stage (a
+``spawn`` child imported torch for seconds before it could lower its priority).
 """
 from __future__ import annotations
 
 import copy
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
 import signal
@@ -34,7 +39,7 @@ from hydro.trial.plan import TrialPlan
 from hydro.trial.spec import TRAIN_LOSS
 from hydro.trial.unit import FusedTrial
 
-from .fit import members_that_fit
+from .fit import member_bytes, members_that_fit
 from .gate import BubbleGate, FillAborted
 from .layer_gate import LayerGate
 
@@ -42,6 +47,22 @@ _STEPS, _COMPUTE_S, _UNIT_STARTED, _RAISED = range(4)  # slots of the progress a
 START_TIMEOUT_S = 300.0  # loading the data, measuring what fits and fusing
 ANSWER_TIMEOUT_S = 30.0
 UNIT_TIMEOUT_S = 120.0
+
+
+_server_preload: list[str] = []  # what this process's fill server imports, once set
+
+
+def start_fill_server(preload: Sequence[str] = ()) -> None:
+    """Start this process's fill server, the process fill processes are forked from, unless it runs. It imports
+    torch (and ``torch._dynamo``), this module and ``preload`` once; the first call chooses ``preload``. ``preload``: modules every child
+    would import anyway, e.g. those of the parent's ``__main__`` (multiprocessing runs a script's ``__main__``
+    again in each child, so a Ray worker's children would each import Ray). Call it when the host starts,
+    before the main job runs."""
+    if not _server_preload:
+        # torch._dynamo: what torch's optimizers import on first use, a second or more of every fill's start
+        _server_preload.extend([__name__, "torch._dynamo", *preload])
+        multiprocessing.get_context("forkserver").set_forkserver_preload(_server_preload)
+    multiprocessing.forkserver.ensure_running()
 
 
 class FillTooLarge(MemoryError):
@@ -98,7 +119,8 @@ class FillProcess:
 
     ``workload``: the pickled ``TuneSpec`` (a cloudpickle, so the child needs no import of the user's file).
     ``state``: a state from :meth:`decide` or :meth:`stop` to continue from (else new ``member_ids``, as many
-    of them as fit ``memory_budget_bytes``: :attr:`member_ids` says which). ``idle=True`` (gated fill): the
+    of them as fit ``memory_budget_bytes``: :attr:`member_ids` says which; ``one_member_bytes``: one member's
+    step peak if the caller measured it, see :func:`~hydro.bubbles.fit.members_that_fit`). ``idle=True`` (gated fill): the
     child runs under Linux's ``SCHED_IDLE``, so the stage preempts it the moment its wait ends.
     A unit running longer than ``unit_timeout_s``, or a request unanswered within ``answer_timeout_s``, is a
     hang: the child is killed and :class:`FillFailed` raised, as for an exception or a crash.
@@ -106,12 +128,14 @@ class FillProcess:
 
     def __init__(self, gate: BubbleGate, cpus: set[int] | None, *, workload: bytes, plan: TrialPlan,
                  member_ids: Sequence[str] | None = None, state: dict | None = None, idle: bool = True,
-                 memory_budget_bytes: int | None = None, epochs: int | None = None,
+                 memory_budget_bytes: int | None = None, one_member_bytes: int | None = None,
+                 epochs: int | None = None,
                  answer_timeout_s: float = ANSWER_TIMEOUT_S, unit_timeout_s: float = UNIT_TIMEOUT_S) -> None:
         if (member_ids is None) == (state is None):
             raise ValueError("FillProcess: give exactly one of member_ids (a new fill trial) or state (one to "
                              "continue)")
-        context = multiprocessing.get_context("spawn")
+        start_fill_server()  # (already running: nothing to do)
+        context = multiprocessing.get_context("forkserver")
         self._conn, child_conn = context.Pipe()
         self._progress = context.RawArray("d", 4)
         self._lock = threading.Lock()  # one request/answer on the pipe at a time
@@ -120,7 +144,7 @@ class FillProcess:
         self._process = context.Process(
             target=_child_main, name="hydro-fill", daemon=True,
             args=(workload, plan, None if member_ids is None else list(member_ids), pickle.dumps(state),
-                  memory_budget_bytes, gate, cpus, idle, epochs, child_conn, self._progress))
+                  memory_budget_bytes, one_member_bytes, gate, cpus, idle, epochs, child_conn, self._progress))
         self._process.start()
         with self._lock:
             self.member_ids: list[str] = self._answer(START_TIMEOUT_S)
@@ -324,23 +348,25 @@ def _error() -> dict:
             "traceback": traceback.format_exc()}
 
 
-def _child_main(workload, plan, member_ids, state, memory_budget_bytes, gate, cpus, idle, epochs, conn, progress
-                ) -> None:
+def _child_main(workload, plan, member_ids, state, memory_budget_bytes, one_member_bytes, gate, cpus, idle, epochs,
+                conn, progress) -> None:
     def send(kind: str, payload) -> None:
         conn.send_bytes(pickle.dumps((kind, payload)))
 
     try:
-        spec, state = pickle.loads(workload), pickle.loads(state)
-        if idle:
+        if idle:  # before anything of the workload runs (unpickling imports the user's modules)
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # threads started below inherit it
         if cpus:
             os.sched_setaffinity(0, cpus)
         torch.set_num_threads(1)
+        spec, state = pickle.loads(workload), pickle.loads(state)
         data = spec.load_data()
         configs = dict(plan.members)
         ids = list(state["trial"]["member_ids"]) if state else list(member_ids)
         if state is None and memory_budget_bytes is not None:
-            fit = members_that_fit(spec, configs[ids[0]], plan.scale, plan.mup, data, len(ids), memory_budget_bytes)
+            if one_member_bytes is None:
+                one_member_bytes = member_bytes(spec, configs[ids[0]], plan.scale, plan.mup, data)
+            fit = members_that_fit(one_member_bytes, len(ids), memory_budget_bytes)
             if fit == 0:
                 send("too_large", f"fill trial refused: one member's training step needs more than the "
                                   f"{memory_budget_bytes / 2**20:.1f} MiB its host can spare")

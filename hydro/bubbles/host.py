@@ -20,7 +20,7 @@ from dataclasses import replace
 from hydro.planning import free_memory_bytes
 from hydro.trial.plan import TrialPlan
 
-from .fill_process import FillFailed, FillFailure, FillProcess, FillTooLarge
+from .fill_process import FillFailed, FillFailure, FillProcess, FillTooLarge, start_fill_server
 from .gate import BubbleGate
 
 logger = logging.getLogger(__name__)
@@ -37,12 +37,15 @@ class SlotMode(enum.StrEnum):
 class FillHost:
     """Attach, observe and detach one fill trial. ``fill_memory_bytes``: what a fill trial may use (default:
     a quarter of the free memory); ``name`` appears in errors. ``timeouts``: ``answer_timeout_s`` and
-    ``unit_timeout_s`` of the fill processes (see :class:`~hydro.bubbles.fill_process.FillProcess`)."""
+    ``unit_timeout_s`` of the fill processes (see :class:`~hydro.bubbles.fill_process.FillProcess`).
+    ``preload``: modules the host's fill server imports besides torch (see :func:`start_fill_server`, started
+    here)."""
 
     modes: tuple[SlotMode, ...] = ()
 
     def __init__(self, name: str, cpus: set[int] | None, fill_memory_bytes: int | None,
-                 timeouts: dict | None = None) -> None:
+                 timeouts: dict | None = None, preload: Sequence[str] = ()) -> None:
+        start_fill_server(preload)
         self.name, self.cpus, self.fill_memory_bytes = name, cpus, fill_memory_bytes
         self.timeouts = dict(timeouts or {})
         self.gate = BubbleGate()
@@ -51,9 +54,11 @@ class FillHost:
         self.fill_lock = threading.Lock()  # actor calls run concurrently: attach/detach/status one at a time
 
     def attach_fill(self, workload: bytes, plan: TrialPlan, mode: SlotMode, *, member_ids: Sequence[str] | None = None,
-                    state: dict | None = None, epochs: int | None = None) -> list[str]:
+                    state: dict | None = None, epochs: int | None = None,
+                    one_member_bytes: int | None = None) -> list[str]:
         """Start a fill trial here: new with (as many as fit of) ``member_ids``, or continued from ``state``;
-        returns the member ids it trains (the fusion count follows the memory this host can spare; raises
+        returns the member ids it trains (the fusion count follows the memory this host can spare, from
+        ``one_member_bytes`` if the caller measured a member's step, else measured in the fill; raises
         :class:`FillTooLarge` if not even one fits)."""
         mode = SlotMode(mode)
         if mode not in self.modes:
@@ -66,7 +71,8 @@ class FillHost:
             try:
                 self.fill = FillProcess(gate, self.cpus, workload=workload, plan=plan, member_ids=member_ids,
                                         state=state, idle=mode == SlotMode.GATED, epochs=epochs,
-                                        memory_budget_bytes=None if state else self.fill_budget(), **self.timeouts)
+                                        memory_budget_bytes=None if state else self.fill_budget(),
+                                        one_member_bytes=one_member_bytes, **self.timeouts)
             except FillTooLarge as error:
                 raise FillTooLarge(f"{self.name}: {error}") from None
             except FillFailed as error:
@@ -153,5 +159,6 @@ class DedicatedHost(FillHost):
 
     modes = (SlotMode.DEDICATED,)
 
-    def __init__(self, name: str, fill_memory_bytes: int | None = None, timeouts: dict | None = None) -> None:
-        super().__init__(name, set(os.sched_getaffinity(0)), fill_memory_bytes, timeouts)
+    def __init__(self, name: str, fill_memory_bytes: int | None = None, timeouts: dict | None = None,
+                 preload: Sequence[str] = ()) -> None:
+        super().__init__(name, set(os.sched_getaffinity(0)), fill_memory_bytes, timeouts, preload)

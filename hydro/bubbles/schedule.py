@@ -30,7 +30,8 @@ class Interval:
 def one_f_one_b(num_stages: int, num_microbatches: int) -> list[list[Op]]:
     """Per stage, the 1F1B order: warm-up forwards, alternating forward/backward, cool-down backwards."""
     if num_stages < 1 or num_microbatches < 1:
-        raise ValueError("need at least one stage and one microbatch")
+        raise ValueError(f"bubbles: a 1F1B schedule needs at least one stage and one microbatch, got "
+                         f"num_stages={num_stages}, num_microbatches={num_microbatches}")
     schedule = []
     for stage in range(num_stages):
         warmup = min(num_stages - stage - 1, num_microbatches)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from hydro.checks import check, is_count
 from hydro.energy.device import EnergyDevice
 from hydro.energy.frequency import FrequencyPlanned, restoring_default_clock
 from hydro.planning import free_memory_bytes
@@ -37,6 +38,11 @@ class PipelineSpec:
     microbatch_size: int = 32
     lr: float = 0.01
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = ("width", "depth", "in_features", "classes", "microbatches", "microbatch_size")
+        check("bubbles: PipelineSpec.", *((name, getattr(self, name), is_count, "an int >= 1") for name in sizes),
+              ("lr", self.lr, lambda v: v >= 0, ">= 0"))
 
     def full_model(self) -> nn.Sequential:
         """The unsplit model (the same initial weights as the stages')."""

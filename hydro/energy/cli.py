@@ -5,9 +5,10 @@ import argparse
 import time
 from pathlib import Path
 
+from hydro.cli import UsageError, at_least, checked
 from hydro.energy.report import format_table, plot_cumulative_cost, summarize, write_json
 from schedulers.energy.simulator import POLICIES, simulate_grid
-from schedulers.energy.traces import WORKLOADS
+from schedulers.energy.traces import WORKLOADS, TraceError, available_gpus, traces_dir
 
 
 RESULTS_ROOT = Path("~/hydro_results")
@@ -28,10 +29,13 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                      help="Zeus workloads (default: all)")
     sim.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES),
                      help="policies compared (default: all)")
-    sim.add_argument("--seeds", type=int, default=10, help="number of seeds, 0..N-1 (default: %(default)s)")
-    sim.add_argument("--recurrences", type=int, default=50, help="recurrences of each job (default: %(default)s)")
-    sim.add_argument("--eta", type=float, default=0.5, help="energy weight of the cost, in [0, 1] (default: %(default)s)")
-    sim.add_argument("--beta", type=float, default=2.0, help="early-stop bound factor, > 1 (default: %(default)s)")
+    sim.add_argument("--seeds", type=at_least(1), default=10, help="number of seeds, 0..N-1 (default: %(default)s)")
+    sim.add_argument("--recurrences", type=at_least(1), default=50,
+                     help="recurrences of each job (default: %(default)s)")
+    sim.add_argument("--eta", type=checked(float, lambda v: 0 <= v <= 1, "in [0, 1]"), default=0.5,
+                     help="energy weight of the cost, in [0, 1] (default: %(default)s)")
+    sim.add_argument("--beta", type=checked(float, lambda v: v > 1, "> 1"), default=2.0,
+                     help="early-stop bound factor, > 1 (default: %(default)s)")
     sim.add_argument("--traces", default=None,
                      help="Zeus trace directory (default: $HYDRO_ZEUS_TRACES, else <repo>/../shared/data/zeus-traces)")
     sim.add_argument("--out", type=Path, default=None,
@@ -42,6 +46,7 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     """Simulate, print the summary table, write ``energy_simulation.json`` and ``energy_cumulative_cost.png``
     to ``--out`` (default: a new directory under ``~/hydro_results``)."""
+    _check_gpus(args.gpus, args.traces)
     args.out = args.out or default_out_dir()
     results = simulate_grid(
         args.gpus, args.workloads, args.policies, range(args.seeds),
@@ -56,3 +61,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     plot_cumulative_cost(args.out / "energy_cumulative_cost.png", results)
     print(f"wrote {args.out / 'energy_simulation.json'} and {args.out / 'energy_cumulative_cost.png'}")
     return 0
+
+
+def _check_gpus(gpus: list[str], traces: str | None) -> None:
+    """Refuse a trace directory that is missing, or GPUs it has no power trace of, before anything runs."""
+    try:
+        found = available_gpus(traces)
+    except TraceError as error:
+        raise UsageError(f"hydro energy simulate: {error}") from None
+    missing = [gpu for gpu in gpus if gpu.lower() not in found]
+    if missing:
+        raise UsageError(f"hydro energy simulate: no power trace for --gpus {' '.join(missing)} in "
+                         f"{traces_dir(traces)}; available: {' '.join(found)}")

@@ -10,6 +10,7 @@ import enum
 import time
 from dataclasses import dataclass
 
+from hydro.checks import check, is_count
 from hydro.energy.detect import detect_devices
 from hydro.energy.device import EnergyError
 from hydro.energy.observer import EnergyObserver
@@ -46,10 +47,16 @@ class EnergySettings:
     def __post_init__(self) -> None:
         if not 0.0 <= self.eta <= 1.0:
             raise ValueError(f"hydro.energy: eta={self.eta} is outside [0, 1] (0: time only, 1: energy only)")
-        if self.beta <= 1.0:
+        if not self.beta > 1.0:
             raise ValueError(f"hydro.energy: beta={self.beta} must be > 1 (trials stop at beta x the least cost)")
-        if any(b < 1 for b in self.batch_sizes):
-            raise ValueError(f"hydro.energy: batch sizes must be >= 1, got {list(self.batch_sizes)}")
+        if not all(is_count(b) for b in self.batch_sizes):
+            raise ValueError(f"hydro.energy: batch sizes must be ints >= 1, got {list(self.batch_sizes)}")
+        check("hydro.energy: ", ("warmup_steps", self.warmup_steps, lambda v: is_count(v, 0), "an int >= 0"),
+              ("window_steps", self.window_steps, is_count, "an int >= 1 (steps per profiled power limit)"),
+              ("max_power_w", self.max_power_w, lambda v: v is None or v > 0, "None or > 0 (W)"))
+        if self.devices not in {d.value for d in DeviceSource}:
+            raise ValueError(f"hydro.energy: devices must be one of {[d.value for d in DeviceSource]}, "
+                             f"got {self.devices!r}")
         object.__setattr__(self, "devices", DeviceSource(self.devices))
 
     def profile_key(self, members: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hydro.checks import check
 from .base import FusedOptimizer
 
 
@@ -22,18 +23,18 @@ class Adam(FusedOptimizer):
     def _normalize(self, group: dict) -> None:
         if "betas" in group:
             betas = group.pop("betas")
-            if len(betas) != 2:
-                raise ValueError("Adam: betas must be a pair (beta1, beta2), each a scalar or one value per member")
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise ValueError(f"{type(self).__name__}: betas must be a pair (beta1, beta2), each a scalar or one "
+                                 f"value per member, got {betas!r}")
             group["beta1"], group["beta2"] = betas
         super()._normalize(group)
 
     def _validate(self, group: dict) -> None:
-        super()._validate(group)
-        for name in ("beta1", "beta2"):
-            if ((group[name] < 0) | (group[name] >= 1)).any():
-                raise ValueError(f"Adam: {name} must be in [0, 1) for every member, got {group[name].tolist()}")
-        if (group["eps"] < 0).any() or (group["weight_decay"] < 0).any():
-            raise ValueError("Adam: eps and weight_decay must be >= 0 for every member")
+        check(f"{type(self).__name__}: ",  # torch's rule for Adam: NaN is refused too
+              *((name, group[name], lambda v: v >= 0, ">= 0 for every member")
+                for name in ("lr", "eps", "weight_decay")),
+              *((name, group[name], lambda v: (v >= 0) & (v < 1), "in [0, 1) for every member")
+                for name in ("beta1", "beta2")))
 
     def _resolve_group(self, group: dict, like: Tensor) -> dict:
         lr_all = group["lr"] * group["lr_mult"]

@@ -12,18 +12,23 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
+from hydro.checks import check
 from hydro.nn.base import member_view
 from hydro.shrink.mup import group_by_multipliers
 
 
-def per_member(value, count: int, name: str) -> Tensor:
-    """``value`` (a scalar or ``count`` values) as a float64 CPU tensor ``[count]``."""
-    tensor = torch.as_tensor(value.detach().cpu() if isinstance(value, Tensor) else value, dtype=torch.float64)
+def per_member(value, count: int, name: str, owner: str) -> Tensor:
+    """``value`` (a scalar or ``count`` values) as a float64 CPU tensor ``[count]``; errors name ``owner``."""
+    try:
+        tensor = torch.as_tensor(value.detach().cpu() if isinstance(value, Tensor) else value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{owner}: hyperparameter '{name}' must be a number or one number per member, "
+                        f"got {value!r}") from error
     tensor = tensor.flatten()
     if tensor.numel() == 1:
         return tensor.expand(count).clone()
     if tensor.numel() != count:
-        raise ValueError(f"hyperparameter '{name}' needs a scalar or {count} values (one per member), "
+        raise ValueError(f"{owner}: hyperparameter '{name}' needs a scalar or {count} values (one per member), "
                          f"got {tensor.numel()}")
     return tensor.clone()
 
@@ -49,6 +54,10 @@ class FusedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Iterable, defaults: dict) -> None:
         self.num_members: int | None = None
         self._resolved: dict[int, tuple] = {}
+        params = list(params)
+        if not params:
+            raise ValueError(f"{type(self).__name__}: got no parameters (an empty list, or a generator already used "
+                             f"up); pass fused.parameters() of the model to train")
         super().__init__(params, {"lr_mult": 1.0, "wd_mult": 1.0, **defaults})
 
     def __getstate__(self) -> dict:
@@ -93,15 +102,16 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _normalize(self, group: dict) -> None:
         for name in self.per_member:
             try:
-                group[name] = per_member(group[name], self.num_members, name)
+                group[name] = per_member(group[name], self.num_members, name, type(self).__name__)
             except ValueError as error:
-                plain = " (the parameters are not fused: their leading sizes differ, so they are one member)" \
-                    if self.num_members == 1 else ""
-                raise ValueError(f"{type(self).__name__}: {error}{plain}") from error
+                if self.num_members != 1:
+                    raise
+                raise ValueError(f"{error} (the parameters are not fused: their leading sizes differ, so they are "
+                                 f"one member)") from error
 
     def _validate(self, group: dict) -> None:
-        if (group["lr"] < 0).any():
-            raise ValueError(f"Invalid learning rate: {group['lr'].tolist()}")
+        """Refuse what the ``torch.optim`` namesake refuses, for every member."""
+        check(f"{type(self).__name__}: ", ("lr", group["lr"], lambda v: ~(v < 0), ">= 0 for every member"))
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from hydro.checks import check, is_count
 from .base import FusedOptimizer, per_member
 
 
@@ -27,10 +28,19 @@ class TrialLRScheduler:
             raise TypeError(f"{type(self).__name__} needs a hydro.optim optimizer, got {type(optimizer).__name__}")
         self.optimizer = optimizer
         for name, value in params.items():
-            setattr(self, name, per_member(value, optimizer.num_members, name) if name in self.per_member else value)
+            setattr(self, name, per_member(value, optimizer.num_members, name, type(self).__name__)
+                    if name in self.per_member else value)
+        self.check()
         self.base_lrs = [group.setdefault("initial_lr", group["lr"].clone()) for group in optimizer.param_groups]
         self.last_epoch = last_epoch
         self.step()
+
+    def check(self) -> None:
+        """Refuse schedule parameters that would give a negative, infinite or NaN learning rate."""
+
+    def require(self, name: str, ok, rule: str) -> None:
+        """``hydro.checks.check`` of the parameter ``name``."""
+        check(f"{type(self).__name__}: ", (name, getattr(self, name), ok, rule))
 
     def lr_at(self, base_lr: Tensor, epoch: int) -> Tensor:
         raise NotImplementedError
@@ -66,6 +76,10 @@ class StepLR(TrialLRScheduler):
     def __init__(self, optimizer, step_size: int, gamma=0.1, last_epoch: int = -1) -> None:
         super().__init__(optimizer, last_epoch, step_size=step_size, gamma=gamma)
 
+    def check(self) -> None:
+        self.require("step_size", is_count, "an int >= 1 (steps)")
+        self.require("gamma", lambda v: v >= 0, ">= 0 for every member")
+
     def lr_at(self, base_lr, epoch):
         return base_lr * self.gamma ** (epoch // self.step_size)
 
@@ -77,6 +91,9 @@ class MultiStepLR(TrialLRScheduler):
 
     def __init__(self, optimizer, milestones: Sequence[int], gamma=0.1, last_epoch: int = -1) -> None:
         super().__init__(optimizer, last_epoch, milestones=sorted(milestones), gamma=gamma)
+
+    def check(self) -> None:
+        self.require("gamma", lambda v: v >= 0, ">= 0 for every member")
 
     def lr_at(self, base_lr, epoch):
         return base_lr * self.gamma ** sum(m <= epoch for m in self.milestones)
@@ -90,6 +107,9 @@ class ExponentialLR(TrialLRScheduler):
     def __init__(self, optimizer, gamma, last_epoch: int = -1) -> None:
         super().__init__(optimizer, last_epoch, gamma=gamma)
 
+    def check(self) -> None:
+        self.require("gamma", lambda v: v >= 0, ">= 0 for every member")
+
     def lr_at(self, base_lr, epoch):
         return base_lr * self.gamma ** epoch
 
@@ -101,6 +121,9 @@ class CosineAnnealingLR(TrialLRScheduler):
 
     def __init__(self, optimizer, T_max, eta_min=0.0, last_epoch: int = -1) -> None:  # noqa: N803 (torch's name)
         super().__init__(optimizer, last_epoch, T_max=T_max, eta_min=eta_min)
+
+    def check(self) -> None:
+        self.require("T_max", lambda v: v > 0, "> 0 (steps to the minimum) for every member")
 
     def lr_at(self, base_lr, epoch):
         return self.eta_min + (base_lr - self.eta_min) * (1 + torch.cos(math.pi * epoch / self.T_max)) / 2
@@ -114,6 +137,11 @@ class LinearLR(TrialLRScheduler):
     def __init__(self, optimizer, start_factor=1.0 / 3, end_factor=1.0, total_iters=5, last_epoch: int = -1) -> None:
         super().__init__(optimizer, last_epoch, start_factor=start_factor, end_factor=end_factor,
                          total_iters=total_iters)
+
+    def check(self) -> None:  # torch's rule for the factors
+        self.require("start_factor", lambda v: (v > 0) & (v <= 1), "in (0, 1] for every member")
+        self.require("end_factor", lambda v: (v >= 0) & (v <= 1), "in [0, 1] for every member")
+        self.require("total_iters", lambda v: v >= 1, ">= 1 (steps) for every member")
 
     def lr_at(self, base_lr, epoch):
         progress = torch.clamp(epoch / self.total_iters, max=1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hydro.checks import check
 from .base import FusedOptimizer
 
 
@@ -20,8 +21,8 @@ class SGD(FusedOptimizer):
 
     def _validate(self, group: dict) -> None:
         super()._validate(group)
-        if (group["momentum"] < 0).any() or (group["weight_decay"] < 0).any():
-            raise ValueError("SGD: momentum and weight_decay must be >= 0 for every member")
+        check("SGD: ", *((name, group[name], lambda v: ~(v < 0), ">= 0 for every member")  # torch's rule: NaN passes
+                       for name in ("momentum", "weight_decay")))
         if group["nesterov"] and ((group["momentum"] <= 0).any() or (group["dampening"] != 0).any()):
             raise ValueError("SGD: Nesterov momentum requires momentum > 0 and dampening = 0 for every member")
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hydro.binder import FusedModel
 from .errors import ShrinkError, ShrinkWarning
 from .mup import MUP_ATTR, MuShape, as_mu_parameters, rescale_init
 from .report import KeptWidth, ShrinkReport
@@ -103,6 +104,11 @@ class _Problem:
 
 
 def _check_shrinkable(model: nn.Module, fixed: Collection[str]) -> None:
+    if not isinstance(model, nn.Module):
+        raise ShrinkError(f"hydro.shrink: model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(model, FusedModel):
+        raise ShrinkError("hydro.shrink: this model is fused (hydro.fuse); shrink the members, then fuse them. "
+                          "Fix: hydro.fuse([hydro.shrink(m, scale) for m in models])")
     if any(hasattr(p, MUP_ATTR) for p in model.parameters()):
         raise ShrinkError("hydro.shrink: this model is already a shrunk (µP) model. Fix: shrink the full-width "
                           "model with the product of the scales")

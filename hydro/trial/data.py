@@ -151,19 +151,23 @@ def as_source(split, name: str, workers: int = 0) -> DataSource:
     """A split of ``TuneSpec.data()`` as a :class:`DataSource`: ``(inputs, targets)`` tensors or an object with
     ``.x``/``.y``, a map-style or iterable ``Dataset``, or a :class:`LoaderFactory`."""
     if isinstance(split, DataSource):
-        return split
-    if isinstance(split, IterableDataset):
-        return IterableSource(split, workers)
-    if isinstance(split, Dataset):
-        return DatasetSource(split, workers)
-    if isinstance(split, LoaderFactory):
-        return DatasetSource(split.dataset, make=split.make)
-    if hasattr(split, "x") and hasattr(split, "y"):
-        return TensorSource(split.x, split.y)
-    if isinstance(split, (tuple, list)) and len(split) == 2 and all(isinstance(t, Tensor) for t in split):
-        return TensorSource(*split)
-    raise ValueError(f"hydro.trial.data: the {name} split of TuneSpec.data() must be (inputs, targets) tensors, "
-                     f"an object with .x/.y, a torch Dataset or a LoaderFactory; got {type(split).__name__}")
+        source = split
+    elif isinstance(split, IterableDataset):
+        source = IterableSource(split, workers)
+    elif isinstance(split, Dataset):
+        source = DatasetSource(split, workers)
+    elif isinstance(split, LoaderFactory):
+        source = DatasetSource(split.dataset, make=split.make)
+    elif hasattr(split, "x") and hasattr(split, "y"):
+        source = TensorSource(split.x, split.y)
+    elif isinstance(split, (tuple, list)) and len(split) == 2 and all(isinstance(t, Tensor) for t in split):
+        source = TensorSource(*split)
+    else:
+        raise ValueError(f"hydro.trial.data: the {name} split of TuneSpec.data() must be (inputs, targets) tensors, "
+                         f"an object with .x/.y, a torch Dataset or a LoaderFactory; got {type(split).__name__}")
+    if source.num_batches(1) == 0:  # (None: an iterable dataset, its length unknown)
+        raise ValueError(f"hydro.trial.data: the {name} split of TuneSpec.data() holds no samples")
+    return source
 
 
 def _on(tensor: Tensor, device: torch.device) -> Tensor:

@@ -7,12 +7,49 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from hydro.binder import leaf_module_types
+from hydro.checks import check, is_count
 from hydro.trial.data import DataSource, as_source
 from hydro.trial.precision import Precision
 
 MetricFn = Callable[[Tensor, Tensor], Tensor]
 
 TRAIN_LOSS, VAL_LOSS = "train_loss", "val_loss"
+
+
+def _check_functions(spec: TuneSpec) -> None:
+    """The four functions Hydro calls: the usual slips are a model instead of a function that builds one, a loss
+    or optimizer class instead of an instance or a factory."""
+    if isinstance(spec.model, nn.Module) or not callable(spec.model):
+        fix = f"model=lambda config: {type(spec.model).__name__}(...)" if isinstance(spec.model, nn.Module) else \
+            "model=lambda config: MyNet(width=config['width'])"
+        raise TypeError(f"TuneSpec.model must be a function config -> nn.Module (Hydro builds a model per member), "
+                        f"got {type(spec.model).__name__}. Fix: {fix}")
+    if not callable(spec.data):
+        raise TypeError(f"TuneSpec.data must be a function returning (train, val), got {type(spec.data).__name__}. "
+                        f"Fix: data=lambda: (train, val)")
+    if isinstance(spec.loss, type):
+        raise TypeError(f"TuneSpec.loss is the class {spec.loss.__name__}; pass an instance, e.g. "
+                        f"loss={spec.loss.__name__}()")
+    if not callable(spec.loss):
+        raise TypeError(f"TuneSpec.loss must be a loss function or module, got {type(spec.loss).__name__}")
+    if isinstance(spec.optimizer, type) or not callable(spec.optimizer):
+        name = spec.optimizer.__name__ if isinstance(spec.optimizer, type) else type(spec.optimizer).__name__
+        factory = name if isinstance(spec.optimizer, type) else "torch.optim.SGD"
+        raise TypeError(f"TuneSpec.optimizer is called as optimizer(params, config), got {name}. Fix: "
+                        f"optimizer=lambda params, config: {factory}(params, lr=config['lr'])")
+
+
+def _check_metrics(metrics: Mapping[str, MetricFn]) -> None:
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"TuneSpec.metrics must map names to functions, got {type(metrics).__name__}. "
+                        f"Fix: metrics={{'val_acc': accuracy}}")
+    for name, fn in metrics.items():
+        if name in (TRAIN_LOSS, VAL_LOSS):
+            raise ValueError(f"TuneSpec.metrics: {name!r} is reported by Hydro itself; give your metric another name")
+        if not callable(fn):
+            raise TypeError(f"TuneSpec.metrics[{name!r}] must be a function (output, target) -> scalar, "
+                            f"got {type(fn).__name__}")
 
 
 def accuracy(output: Tensor, target: Tensor) -> Tensor:
@@ -80,12 +117,20 @@ class TuneSpec:
     memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        _check_metrics(self.metrics)
         if self.mode not in ("min", "max"):
             raise ValueError(f"TuneSpec.mode must be 'min' or 'max', got {self.mode!r}")
-        if self.epochs < 1:
-            raise ValueError(f"TuneSpec.epochs must be >= 1, got {self.epochs}")
-        if self.checkpoint_every < 1:
-            raise ValueError(f"TuneSpec.checkpoint_every must be >= 1 (epochs), got {self.checkpoint_every}")
+        check("TuneSpec.", ("epochs", self.epochs, is_count, "an int >= 1"),
+              ("batch_size", self.batch_size, is_count, "an int >= 1"),
+              ("checkpoint_every", self.checkpoint_every, is_count, "an int >= 1 (epochs)"),
+              ("seed", self.seed, lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+              ("data_workers", self.data_workers, lambda v: is_count(v, 0),
+               "an int >= 0 (DataLoader worker processes)"))
+        for name in ("group_by", "shrink_fixed"):
+            if isinstance(getattr(self, name), str):
+                raise ValueError(f"TuneSpec.{name} must be a list of names, got the string {getattr(self, name)!r}. "
+                                 f"Fix: {name}=[{getattr(self, name)!r}]")
+        leaf_module_types(self.leaf_modules, "TuneSpec.leaf_modules")
         if self.device != "auto":
             try:
                 torch.device(self.device)
@@ -97,11 +142,10 @@ class TuneSpec:
         except ValueError as error:
             raise ValueError(f"TuneSpec.precision must be one of {[p.value for p in Precision]}, "
                              f"got {self.precision!r}") from error
-        if self.data_workers < 0:
-            raise ValueError(f"TuneSpec.data_workers must be >= 0 (DataLoader worker processes), got {self.data_workers}")
         if self.metric not in self.metric_names():
             raise ValueError(f"TuneSpec.metric {self.metric!r} is not reported; the reported metrics are "
                              f"{self.metric_names()} (add it to TuneSpec.metrics)")
+        _check_functions(self)
 
     def shrink_options(self) -> dict:
         """Keywords for ``hydro.shrink``."""
@@ -128,7 +172,8 @@ class TuneSpec:
     def load_data(self) -> tuple[DataSource, DataSource]:
         """``(train, val)`` of ``data()`` as batch sources (see :mod:`hydro.trial.data`)."""
         loaded = self.data()
-        if not isinstance(loaded, (tuple, list)) or len(loaded) < 2:
-            raise ValueError("TuneSpec.data() must return (train, val), each (inputs, targets) tensors, an object "
-                             "with .x/.y, a torch Dataset or a LoaderFactory")
+        if not isinstance(loaded, (tuple, list)) or len(loaded) != 2:
+            got = f"{len(loaded)} values" if isinstance(loaded, (tuple, list)) else type(loaded).__name__
+            raise ValueError(f"TuneSpec.data() must return (train, val), each (inputs, targets) tensors, an object "
+                             f"with .x/.y, a torch Dataset or a LoaderFactory; got {got}")
         return as_source(loaded[0], "train", self.data_workers), as_source(loaded[1], "val", self.data_workers)

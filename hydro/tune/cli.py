@@ -15,7 +15,7 @@ import traceback
 
 import pandas as pd
 
-from hydro.cli import UsageError
+from hydro.cli import UsageError, at_least, checked
 from hydro.tune import energy_scheduler
 from hydro.tune.examples import EXAMPLES
 from hydro.trial.check import describe
@@ -43,17 +43,17 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--example", choices=sorted(EXAMPLES), help="a bundled offline workload")
     what.add_argument("--workload", help="FILE.py[:FUNC] or MODULE[:FUNC]; FUNC (default 'workload') returns "
                                          "(TuneSpec, param_space); modules beside FILE.py can be imported")
-    parser.add_argument("--samples", type=_at_least(1), default=16, help="member configurations to try")
-    parser.add_argument("--scale", type=_at_least(1), default=1, help="surrogate width divisor S (1: full size)")
+    parser.add_argument("--samples", type=at_least(1), default=16, help="member configurations to try")
+    parser.add_argument("--scale", type=at_least(1), default=1, help="surrogate width divisor S (1: full size)")
     parser.add_argument("--fusion", type=_fusion, default="auto", help="members per fused trial, or 'auto' (measured)")
     parser.add_argument("--scheduler", choices=["asha", "none"], default="asha", help="per-member early stopping")
     parser.add_argument("--searcher", choices=["random", "optuna"], default="random")
-    parser.add_argument("--epochs", type=_at_least(1), help="epochs per member (default: the workload's)")
-    parser.add_argument("--transfer-fraction", type=_fraction, default=1.0,
-                        help="fraction of members finished before the full-size target trains, in (0, 1]")
+    parser.add_argument("--epochs", type=at_least(1), help="epochs per member (default: the workload's)")
+    parser.add_argument("--transfer-fraction", type=checked(float, lambda value: 0 < value <= 1, "in (0, 1]"),
+                        default=1.0, help="fraction of members finished before the full-size target trains")
     parser.add_argument("--shrink-fixed", type=_names, default=(), metavar="PATH[,PATH...]",
                         help="module paths kept at full width when shrinking (e.g. a GRU: --shrink-fixed gru)")
-    parser.add_argument("--min-width", type=_at_least(1), help="smallest width a shrunk layer may have "
+    parser.add_argument("--min-width", type=at_least(1), help="smallest width a shrunk layer may have "
                                                                 "(default: the workload's)")
     parser.add_argument("--strict-shrink", action="store_true",
                         help="refuse a layer the Shrinker cannot shrink instead of keeping it at full width")
@@ -73,36 +73,13 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
-
 def _fusion(text: str) -> int | str:
     if text == "auto":
         return text
     try:
-        return _at_least(1)(text)
+        return at_least(1)(text)
     except argparse.ArgumentTypeError as error:
         raise argparse.ArgumentTypeError(f"give 'auto' or a number of members >= 1 ({error})") from None
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
 
 
 def _names(text: str) -> tuple[str, ...]:

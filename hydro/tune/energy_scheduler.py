@@ -65,8 +65,11 @@ class EnergyScheduler(FIFOScheduler):
         seed: int | None = None,
     ) -> None:
         super().__init__()
-        if energy_tuned and (batch_sizes is None or default_batch_size is None):
-            raise ValueError("energy_tuned=True needs batch_sizes and default_batch_size for the bandit.")
+        if energy_tuned and (not batch_sizes or default_batch_size is None):
+            raise ValueError(f"EnergyScheduler: energy_tuned=True needs batch_sizes and default_batch_size for the "
+                             f"bandit, got batch_sizes={batch_sizes!r}, default_batch_size={default_batch_size!r}")
+        if not beta > 1:
+            raise ValueError(f"EnergyScheduler: beta={beta} must be > 1 (trials stop at beta x the least cost)")
         self.job, self.beta = job, beta
         self.keys = {"batch_size": batch_size_key, "cost": cost_key, "converged": converged_key}
         self.store = EnergyStore(store_path)
@@ -170,13 +173,19 @@ def _batch_size(config: Mapping, key: str) -> int | None:
     return config.get(key)
 
 
-def for_hydro(settings: EnergySettings, spec: TuneSpec, seed: int | None = None) -> EnergyScheduler:
-    """The scheduler of ``hydro tune --energy``: Hydro trials, cost per member-epoch, the bandit over
-    ``settings.batch_sizes`` (off if empty) starting from ``spec.batch_size``."""
+def check_batch_sizes(settings: EnergySettings, spec: TuneSpec) -> list[int]:
+    """The bandit's batch sizes, sorted; ``ValueError`` when they leave out the workload's own (its start)."""
     sizes = sorted(set(settings.batch_sizes))
     if sizes and spec.batch_size not in sizes:
         raise ValueError(f"hydro tune --energy: the workload's batch size {spec.batch_size} is not among the bandit's "
                          f"batch sizes {sizes}; add it to --energy-batch-sizes")
+    return sizes
+
+
+def for_hydro(settings: EnergySettings, spec: TuneSpec, seed: int | None = None) -> EnergyScheduler:
+    """The scheduler of ``hydro tune --energy``: Hydro trials, cost per member-epoch, the bandit over
+    ``settings.batch_sizes`` (off if empty) starting from ``spec.batch_size``."""
+    sizes = check_batch_sizes(settings, spec)
     return EnergyScheduler(job=settings.job, store_path=settings.store_path, energy_tuned=bool(sizes),
                            batch_sizes=sizes or None, default_batch_size=spec.batch_size if sizes else None,
                            cost_key=HYDRO_COST_KEY, beta=settings.beta, seed=seed)

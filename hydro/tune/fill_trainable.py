@@ -43,6 +43,7 @@ from hydro.tune.session import MemberSession, TrialFailed, TrialLost
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "hydro_fill_units.pt"
+POLL_S = 0.02  # how often a proxy asks its units' hosts for news
 
 
 def _qualified(error: type[BaseException]) -> str:
@@ -75,7 +76,7 @@ def _fill_failure(members: list[str], slot: str, failure: FillFailure,
     return FillTrialError(f"{failure.exception} ({where}: {RAISED})", f"{where}: {failure.cause}")
 
 
-def bubble_trainable(spec: TuneSpec, poll_s: float = 0.02) -> Callable[[dict], None]:
+def bubble_trainable(spec: TuneSpec, poll_s: float = POLL_S) -> Callable[[dict], None]:
     """A Tune function trainable for a ``HydroSearcher`` run whose trials run on fill hosts. Run it with a
     placement service up and small trial resources (``tune.with_resources(..., {"cpu": 0.01})``)."""
 
@@ -166,7 +167,8 @@ class _Proxy:
         try:
             kept = ray.get(host.attach_fill.remote(self.workload, self.plan, slot["mode"],
                                                    member_ids=None if unit.state else unit.member_ids,
-                                                   state=unit.state, epochs=self.spec.epochs))
+                                                   state=unit.state, epochs=self.spec.epochs,
+                                                   one_member_bytes=self.need))
         except ray.exceptions.RayActorError:
             self.service.slot_lost.remote(slot["slot"])
             return

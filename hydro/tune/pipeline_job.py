@@ -29,6 +29,12 @@ from hydro.trial.plan import TrialPlan
 from hydro.trial.spec import TuneSpec
 
 
+# A Ray worker's __main__ (the script multiprocessing runs again in each fill process) imports Ray, and a Hydro
+# workload's param space is written with Ray Tune: the hosts' fill servers import both once, so fills start
+# without importing them again.
+FILL_PRELOAD = ("ray", "ray.tune")
+
+
 class StageHost(FillHost):
     """The body of a stage actor (plain class; Ray wraps it in :func:`stage_actor`). Fill modes: ``GATED``
     (inside bubbles only) and ``NAIVE`` (alongside the stage, for contrast)."""
@@ -43,7 +49,8 @@ class StageHost(FillHost):
         torch.distributed.init_process_group(process_group_backend(device), init_method=address, rank=stage,
                                              world_size=num_stages)
         cores = sorted(os.sched_getaffinity(0))
-        super().__init__(f"stage {stage}", {cores[stage % len(cores)]}, fill_memory_bytes, timeouts)  # shares the core
+        super().__init__(f"stage {stage}", {cores[stage % len(cores)]}, fill_memory_bytes, timeouts,  # shares the core
+                         preload=FILL_PRELOAD)
         self.recorder = BubbleRecorder(self.gate)
         self.stage = PipelineStage(spec, stage, num_stages, self.recorder, device)
 
@@ -200,7 +207,7 @@ def start_dedicated_hosts(service, count: int, num_cpus: float = 1, fill_memory_
     hosts = []
     for i in range(count):
         name = f"hydro-bubbles/dedicated/{i}"
-        hosts.append(actor.options(name=name).remote(name, fill_memory_bytes, timeouts))
+        hosts.append(actor.options(name=name).remote(name, fill_memory_bytes, timeouts, FILL_PRELOAD))
         ray.get(service.add_dedicated.remote(f"dedicated/{i}", ray.get(hosts[-1].fill_budget.remote()), name))
     return hosts
 

@@ -11,12 +11,13 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
+from hydro.checks import is_count
 from hydro.energy.tuning import EnergySettings
 from hydro.trial.check import WorkloadError, check_workload
 from hydro.trial.data import DataSource
 from hydro.trial.spec import TuneSpec
 from hydro.tune.bubble_scheduler import BubbleScheduler
-from hydro.tune.energy_scheduler import for_hydro
+from hydro.tune.energy_scheduler import check_batch_sizes, for_hydro
 from hydro.tune.fill_trainable import bubble_fill
 from hydro.tune.progress import MemberProgress, show_progress
 from hydro.tune.random_search import RandomSearch
@@ -52,8 +53,11 @@ def prepare(spec: TuneSpec, param_space: dict, *, scale: int = 1, seed: int = 0)
     """Load the workload's data and check the workload on it, in this process (no Ray): two fused members of
     one configuration drawn from ``param_space`` and the full-size target, one batch each. Returns the data;
     raises :class:`~hydro.trial.check.WorkloadError` naming what failed."""
-    if not isinstance(scale, int) or scale < 1:
+    if not is_count(scale):
         raise WorkloadError(f"hydro: scale must be an integer >= 1 (1 = full size), got {scale!r}")
+    if not isinstance(param_space, dict) or not param_space:
+        raise WorkloadError(f"hydro: param_space must be a dict of the hyperparameters to tune, e.g. "
+                            f"{{'lr': tune.loguniform(1e-4, 1e-1)}}; got {param_space!r}")
     data = spec.load_data()
     check_workload(spec, RandomSearch(param_space, seed=seed).suggest("check"), scale, data)
     return data
@@ -91,6 +95,8 @@ def check_arguments(spec: TuneSpec, param_space: dict, *, energy: EnergySettings
         raise ValueError("hydro tune --energy: the batch size is chosen per fused group by the energy bandit; remove "
                          "'batch_size' from the param space, or turn the bandit off (--energy-batch-sizes with no "
                          "value / EnergySettings(batch_sizes=()))")
+    if energy is not None:
+        check_batch_sizes(energy, spec)
     if energy is not None and bubbles:
         raise ValueError("hydro: energy tuning and bubble filling are separate schedulers and cannot be combined yet; "
                          "run with one of energy=... (--energy) or bubbles=True (--bubbles)")
@@ -124,8 +130,9 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     no GPU): the searcher hands out up to ``max_fusion`` members per trial, each trial measures how many fit and
     train fast on its device and trains them in chunks of that many, and the group's later trials get that
     many members. ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
-    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``fallback_targets``). Raises ``ValueError``
-    before anything runs for arguments that cannot work (:func:`check_arguments`), and when no node of a
+    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``fallback_targets``). Raises
+    ``ValueError`` (or ``TypeError``) before Ray starts for arguments that cannot work (:func:`check_arguments`,
+    :func:`prepare`, ``HydroSearcher``'s own checks), and when no node of a
     cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a warning); raises
     :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""
     check_arguments(spec, param_space, energy=energy, bubbles=bubbles, cpus_per_trial=cpus_per_trial,
@@ -133,6 +140,11 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     data = data if data is not None else prepare(spec, param_space, scale=scale, seed=seed)
+    in_trial = fusion == "auto" and gpus_per_trial > 0
+    hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,  # checks its arguments
+                                   fusion=max_fusion if in_trial else fusion,             # before Ray starts
+                                   max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
+                                   seed=seed, data=data, **transfer)
     if storage_path is not None and "://" not in storage_path:  # Ray takes only absolute local paths
         storage_path = os.path.abspath(os.path.expanduser(storage_path))
     started = not ray.is_initialized()
@@ -140,11 +152,6 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
         ray.init()
     if not bubbles:  # fill trials run on the placement service's hosts, not on resources of their own
         require_resources(trial_resources(spec, cpus_per_trial, gpus_per_trial), strict=started)
-    in_trial = fusion == "auto" and gpus_per_trial > 0
-    hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,
-                                   fusion=max_fusion if in_trial else fusion,
-                                   max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
-                                   seed=seed, data=data, **transfer)
     progress = [MemberProgress(spec.metric, spec.mode, num_samples)] if verbose >= 1 else []
     if progress:
         show_progress()

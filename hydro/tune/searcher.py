@@ -11,6 +11,7 @@ run's best result is the best target's: the best configurations at full size, in
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -37,9 +38,11 @@ from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
-from schedulers.transfer import ESCALATION, FALLBACK, FULL_SIZE, Rung, Score, TransferPolicy, scores_of
+from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
 
 logger = logging.getLogger(__name__)
+
+_SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale"}  # TransferPolicy fields not in **transfer
 
 
 @dataclass
@@ -111,6 +114,13 @@ class HydroSearcher(Searcher):
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
+        if searcher is not None and not isinstance(searcher, Searcher):
+            raise TypeError(f"HydroSearcher: searcher must be a Ray Tune Searcher (e.g. OptunaSearch()) or None "
+                            f"(random search of the param space), got {type(searcher).__name__}")
+        options = sorted(f.name for f in dataclasses.fields(TransferPolicy) if f.name not in _SET_BY_SEARCHER)
+        unknown = sorted(set(transfer) - set(options))
+        if unknown:
+            raise TypeError(f"HydroSearcher: unknown transfer option(s) {unknown}; the transfer options are {options}")
         self.spec, self.scale, self.trial_cpus, self._data = spec, scale, trial_cpus, data
         self._planner = None if fusion == "auto" else fusion if isinstance(fusion, FusionPlanner) else FixedFusion(fusion)
         self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode, scale=scale, **transfer)
@@ -350,7 +360,7 @@ class HydroSearcher(Searcher):
         configs = {c: self.state.pool.configs[c] for c in rung.configs}
         if rung.scale == FULL_SIZE:
             transfer.waiting = [[(c, config)] for c, config in configs.items()]
-            if rung.kind == FALLBACK:
+            if rung.kind == RungKind.FALLBACK:
                 logger.warning("transfer check: %s: training %d fallback target(s) at full size, %s, and returning "
                                "the best full-size one", rung.why, len(configs), ", ".join(configs))
             return
@@ -363,7 +373,7 @@ class HydroSearcher(Searcher):
         size = max(1, self.state.pool.max_fusion)
         transfer.waiting = [g[i:i + size] for g in groups.values() for i in range(0, len(g), size)]
         seeds = f" ({rung.seeds} seeds each)" if rung.seeds > 1 else ""
-        if rung.kind == ESCALATION:
+        if rung.kind == RungKind.ESCALATION:
             logger.warning("transfer check: %s: fidelity escalation: training the %d other configurations at S=%d%s "
                            "to rank all of them there, then the ladder again from there", rung.why, len(configs),
                            rung.scale, seeds)

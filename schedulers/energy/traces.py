@@ -64,6 +64,11 @@ def traces_dir(path: str | os.PathLike[str] | None = None) -> Path:
     return chosen
 
 
+def available_gpus(path: str | os.PathLike[str] | None = None) -> list[str]:
+    """The GPUs with a power trace in the trace directory (see :func:`traces_dir`)."""
+    return sorted(p.stem.removeprefix("summary_power_") for p in traces_dir(path).glob("summary_power_*.csv"))
+
+
 @dataclass(frozen=True)
 class PowerPoint:
     """Per-epoch behaviour of one (batch size, power limit): seconds per epoch and average W."""
@@ -79,8 +84,7 @@ class ZeusTraces:
         root = traces_dir(path)
         power_file = root / f"summary_power_{gpu.lower()}.csv"
         if not power_file.is_file():
-            found = sorted(p.stem.removeprefix("summary_power_") for p in root.glob("summary_power_*.csv"))
-            raise TraceError(f"No power trace for GPU {gpu!r} in {root}; available: {found}.")
+            raise TraceError(f"No power trace for GPU {gpu!r} in {root}; available: {available_gpus(path)}.")
         self.gpu = gpu.lower()
         self._train = pd.read_csv(root / "summary_train.csv")
         self._power = pd.read_csv(power_file)

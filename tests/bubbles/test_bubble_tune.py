@@ -60,17 +60,49 @@ class RunningJob:
             raise self.error
 
 
-@pytest.fixture
-def service(ray_cluster):
-    """A placement service (late stage: epoch 2) and two dedicated workers; removed after the test."""
-    service = placement_service(promote_rung=2)
-    hosts = start_dedicated_hosts(service, 2, num_cpus=0.25)
-    yield service
-    for actor in [service, *hosts]:
+class Placement:
+    """A placement service (late stage: epoch 2) and two dedicated workers, shared by the module's tests (their
+    start is most of a test's set-up); started anew when a test left a worker dead or a slot occupied."""
+
+    def __init__(self) -> None:
+        self.service, self.hosts = None, []
+
+    def ready(self):
+        if self.service is not None and not self._clean():
+            self.stop()
+        if self.service is None:
+            self.service = placement_service(promote_rung=2)
+            self.hosts = start_dedicated_hosts(self.service, 2, num_cpus=0.25)
+        return self.service
+
+    def _clean(self) -> bool:
         try:
-            ray.kill(actor)
-        except ValueError:
-            pass
+            ray.get([host.fill_budget.remote() for host in self.hosts], timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+        slots = ray.get(self.service.slots.remote())
+        return len(slots) == 2 and all(s["trial"] is None for s in slots)
+
+    def stop(self) -> None:
+        for actor in [self.service, *self.hosts]:
+            try:
+                ray.kill(actor)
+            except ValueError:
+                pass
+        self.service, self.hosts = None, []
+
+
+@pytest.fixture(scope="module")
+def placement(ray_cluster):
+    placement = Placement()
+    yield placement
+    placement.stop()
+
+
+@pytest.fixture
+def service(placement):
+    """The placement service with two live, free dedicated workers and no pipeline job."""
+    return placement.ready()
 
 
 def _fit(tmp_path: Path, name: str, **overrides):

@@ -32,7 +32,7 @@ def test_gate_blocks_outside_bubbles_and_respects_the_predicted_length():
     waiter.start()
     time.sleep(0.05)
     assert not passed.is_set()  # no bubble yet
-    gate.bubble_started(0, 0.001, 0)
+    gate.bubble_started(0, 1.0, 0)  # (long enough for the waiter to wake on a loaded machine)
     waiter.join(timeout=5)
     assert passed.is_set()
     outcome = []
@@ -251,8 +251,10 @@ def test_a_fill_that_does_not_fit_at_all_is_refused_and_a_partial_fit_trains_few
     tune_spec = spec()
     data = tune_spec.load_data()
     one = member_bytes(tune_spec, plan().members[0][1], 1, False, data)
-    assert members_that_fit(tune_spec, plan().members[0][1], 1, False, data, 3, one) == 1  # two need more
-    assert members_that_fit(tune_spec, plan().members[0][1], 1, False, data, 3, one * 100) == 3
+    assert members_that_fit(one, 3, one) == 1  # two need more
+    assert members_that_fit(one, 3, 2 * one + 1) == 2
+    assert members_that_fit(one, 3, one * 100) == 3
+    assert members_that_fit(one, 3, one - 1) == 0
 
 
 @pytest.mark.parametrize("found_by", ["status", "watchdog"])

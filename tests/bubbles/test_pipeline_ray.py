@@ -70,9 +70,9 @@ def test_a_fill_that_raises_crashes_or_hangs_never_harms_the_main_job(job):
     for fault, cause, kind in [("raise", "ZeroDivisionError: fault injected", FailureKind.RAISED),
                                ("kill", "SIGKILL", FailureKind.DIED),
                                ("hang", "the fill trial hangs", FailureKind.HUNG)]:
-        # Loss call 20 of the fill process: the memory fit measures F = 1, 2, 3 (3 calls each), then epoch 1's 10
-        # training steps; call 20 is epoch 1's evaluation, before any decision is asked for.
-        job.attach_fill(1, spec(fault=fault, at=20), plan(), SlotMode.GATED)
+        # Loss call 8 of the fill process: the memory fit measures one member (3 calls), then epoch 1's 10 training
+        # steps; call 8 is the 5th step, before any decision is asked for.
+        job.attach_fill(1, spec(fault=fault, at=8), plan(), SlotMode.GATED)
         reports, status = _run_until(job, 1, lambda status: status is None or "failed" in status)
         assert status is not None and cause in status["failed"] and status["failure"].kind is kind, (cause, status)
         losses += [loss for r in reports for loss in r[1]["losses"]]

@@ -14,7 +14,7 @@ from torch import nn
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
-from tests.tune.workload import mlp, sgd, small_digits
+from tests.digits import mlp, sgd, small_digits
 
 CONFIGS = [("m0", {"lr": 0.1, "momentum": 0.9}), ("m1", {"lr": 0.02, "momentum": 0.0}),
            ("m2", {"lr": 0.05, "momentum": 0.9})]

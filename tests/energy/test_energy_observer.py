@@ -93,5 +93,5 @@ def test_settings_refuse_bad_values_naming_the_fix(tmp_path):
         _settings(tmp_path, eta=1.5)
     with pytest.raises(ValueError, match="beta=1.0 must be > 1"):
         _settings(tmp_path, beta=1.0)
-    with pytest.raises(ValueError, match="'cpu-only' is not a valid DeviceSource"):
+    with pytest.raises(ValueError, match=r"devices must be one of \['detect', 'simulated'\], got 'cpu-only'"):
         EnergySettings("x.db", "job", "cpu-only")

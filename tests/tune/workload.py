@@ -1,5 +1,5 @@
-"""A tiny plain-torch workload for the tuner tests (a 64-16-10 MLP on a slice of scikit-learn's digits), a loss
-that fails on purpose at a given epoch, and a custom training loop reporting through MemberSession."""
+"""The tuner tests' workload (the tiny digits MLP of ``tests.digits`` as a TuneSpec, its search space), a loss that
+fails on purpose at a given epoch, and a custom training loop reporting through MemberSession."""
 from __future__ import annotations
 
 import os
@@ -11,18 +11,12 @@ from ray import tune
 from torch import nn
 
 import hydro
-from hydro.examples.data import digits
-from hydro.examples.models import MLP
 from hydro.loss import trial_losses
 from hydro.optim import SGD
 from hydro.trial.data import batch_order
 from hydro.tune import MemberSession, TuneSpec, accuracy
 from schedulers.member_stopping import StoppingRule
-
-
-def small_digits():
-    train, val = digits()
-    return (train.x[:320], train.y[:320]), (val.x[:160], val.y[:160])
+from tests.digits import mlp, sgd, small_digits
 
 
 def first_targets(epoch: int, batch_size: int = 32, seed: int = 0) -> torch.Tensor:
@@ -74,10 +68,6 @@ class Recoveries(tune.Callback):
         self.recovered.append(trial.trial_id)
 
 
-def mlp(config):
-    return MLP((64, config.get("hidden", 16), 10))
-
-
 class Untraceable(nn.Module):
     """Python control flow on a tensor value: torch.fx cannot trace it, so it cannot be fused."""
 
@@ -104,10 +94,6 @@ class DeadAtFullWidth(nn.Module):
 def dead_at_full_width(config):
     """A 64-64-10 MLP whose full-size model cannot learn and its surrogates can: its target always regresses."""
     return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), DeadAtFullWidth(), nn.Linear(64, 10))
-
-
-def sgd(params, config):
-    return torch.optim.SGD(params, lr=config["lr"], momentum=config["momentum"])
 
 
 def spec(epochs: int = 3, **overrides) -> TuneSpec:
