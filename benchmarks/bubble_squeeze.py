@@ -2,10 +2,13 @@
 
 The fill trials are what a ``HydroSearcher`` starts: µP surrogates (width ÷ ``--scale``) of a user ``TuneSpec``
 (``hydro.tune.examples.digits_mlp``: an MLP on scikit-learn's digits, plain torch SGD), ``--members`` fused per
-stage; a thread plays the Tune proxy (``hydro.tune.fill_trainable``): it polls every fill trial as often as the
-proxy does and lets every member go on after each epoch. The same main job in three modes: alone; with a gated fill
-trial in every stage (runs only inside bubbles, layer by layer); with naive co-location (fill trials simply run
-alongside). The modes are interleaved in rounds (alone, gated, naive, alone, ...) so drifts of a shared machine hit
+stage; a thread per stage plays the Tune proxy (``hydro.tune.fill_trainable``): it follows the stage's fill trial as
+the proxy does (a status request that the host answers when the fill posts an epoch) and lets every member go on
+after each epoch. The same main job in four modes: alone; with a busy
+loop under ``SCHED_IDLE`` on each stage's core and no fill (the floor: what any work in the bubbles costs the job on
+this machine, e.g. by keeping its cores from idling); with a gated fill trial in every stage (runs only inside
+bubbles, layer by layer); with naive co-location (fill trials simply run alongside). The modes are interleaved in
+rounds (alone, idle spin, gated, naive, alone, ...) so drifts of a shared machine hit
 all of them alike; the slowdown is the median over rounds of (mode / alone of the same round). Reported: main-job
 iteration time and slowdown, fill throughput (member-steps/s), and the fraction of bubble time turned into fill
 work (fill CPU seconds / bubble seconds). Writes JSON and a PNG timeline of one iteration.
@@ -19,6 +22,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -28,28 +33,45 @@ from hydro.bubbles import PipelineSpec, SlotMode
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.spec import TuneSpec
 from hydro.tune.examples import digits_mlp
-from hydro.tune.fill_trainable import POLL_S
+from hydro.tune.fill_trainable import WAIT_S
 from hydro.tune.pipeline_job import PipelineJob
 
 CHUNK = 5  # iterations per job.run call
+IDLE_SPIN = "idle spin"  # the mode with busy loops under SCHED_IDLE on the stages' cores and no fill
+SPINNER = ("import os, sys\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+           "os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass")
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_mode(job: PipelineJob, mode: SlotMode | None, spec: TuneSpec, plan: TrialPlan, iterations: int) -> dict:
-    proxy, failures = threading.Event(), []  # set: the proxy stops; what failed in its thread
-    decider = threading.Thread(target=_let_members_go_on, args=(job, proxy, failures))
+def run_mode(job: PipelineJob, mode: SlotMode | str | None, spec: TuneSpec, plan: TrialPlan, iterations: int) -> dict:
+    """One block of ``iterations`` in ``mode`` (a fill's :class:`SlotMode`, :data:`IDLE_SPIN` or ``None``: alone)."""
+    if mode == IDLE_SPIN:
+        cores = sorted(os.sched_getaffinity(0))  # each stage's core, as StageHost picks it
+        spinners = [subprocess.Popen([sys.executable, "-c", SPINNER, str(cores[stage % len(cores)])])
+                    for stage in range(job.num_stages)]
+        try:
+            return {**run_mode(job, None, spec, plan, iterations), "mode": IDLE_SPIN}
+        finally:
+            for spinner in spinners:
+                spinner.kill()
+                spinner.wait()
+    proxy, failures = threading.Event(), []  # set: the proxy stops; what failed in its threads
+    deciders = [threading.Thread(target=_let_members_go_on, args=(job, stage, proxy, failures))
+                for stage in range(job.num_stages)]
     if mode is not None:
         for stage in range(job.num_stages):
             job.attach_fill(stage, spec, plan, mode)
-        decider.start()
+        for decider in deciders:
+            decider.start()
     job.run(2)  # settle
     chunks = []
     for done in range(0, iterations, CHUNK):
         chunks.append(job.run(min(CHUNK, iterations - done), fill_activity=done + CHUNK >= iterations))
     if mode is not None:
         proxy.set()
-        decider.join()
+        for decider in deciders:
+            decider.join()
         if failures:
             raise RuntimeError(failures[0])
         for stage in range(job.num_stages):
@@ -65,17 +87,16 @@ def run_mode(job: PipelineJob, mode: SlotMode | None, spec: TuneSpec, plan: Tria
             "reports": [chunks[-1][stage] for stage in range(job.num_stages)]}
 
 
-def _let_members_go_on(job: PipelineJob, stop: threading.Event, failures: list[str]) -> None:
-    """The Tune proxy's part until ``stop``: every fill trial's posted epoch result is decided (all members go
-    on), polled as often as the proxy polls; a failed fill ends it with its cause in ``failures``."""
-    while not stop.wait(POLL_S):
-        for stage in range(job.num_stages):
-            status = job.fill_status(stage)
-            if status is not None and "failed" in status:
-                failures.append(f"the fill trial of stage {stage} failed: {status['failed']}")
-                return
-            if status is not None and status["result"] is not None:
-                ray.get(job.stages[stage].fill_decide.remote(status["result"].member_ids))
+def _let_members_go_on(job: PipelineJob, stage: int, stop: threading.Event, failures: list[str]) -> None:
+    """The Tune proxy's part for ``stage`` until ``stop``: its fill trial's posted epoch results are decided (all
+    members go on) as the proxy hears of them; a failed fill ends it with its cause in ``failures``."""
+    while not stop.is_set():
+        status = job.fill_status(stage, WAIT_S)
+        if status is not None and "failed" in status:
+            failures.append(f"the fill trial of stage {stage} failed: {status['failed']}")
+            return
+        if status is not None and status["result"] is not None:
+            ray.get(job.stages[stage].fill_decide.remote(status["result"].member_ids))
 
 
 def _merge(reports: list[dict]) -> dict:
@@ -154,8 +175,8 @@ def main() -> None:
                                            for i in range(args.members)], scale=args.scale, mup=args.scale > 1)
     job = PipelineJob(spec, num_stages=2)
     job.profile(3)
-    modes = (None, SlotMode.GATED, SlotMode.NAIVE)
-    blocks: dict[SlotMode | None, list[dict]] = {mode: [] for mode in modes}
+    modes = (None, IDLE_SPIN, SlotMode.GATED, SlotMode.NAIVE)
+    blocks: dict[SlotMode | str | None, list[dict]] = {mode: [] for mode in modes}
     for _ in range(args.rounds):
         for mode in modes:
             blocks[mode].append(run_mode(job, mode, tune_spec, plan, args.iterations))
@@ -164,11 +185,11 @@ def main() -> None:
     print(f"main job: MLP width {args.width} x 8 layers, 2 stages (1 CPU core each), 4 microbatches of 32; "
           f"fill: {args.members} fused digits-MLP surrogates (64-512-512-10 / {args.scale}) per stage; {args.rounds} rounds x "
           f"{args.iterations} iterations per mode")
-    print(f"{'mode':<7} {'iter ms':>8} {'slowdown (q1..q3)':>22} {'bubble %':>9} {'fill member-steps/s':>20} "
+    print(f"{'mode':<9} {'iter ms':>8} {'slowdown (q1..q3)':>22} {'bubble %':>9} {'fill member-steps/s':>20} "
           f"{'bubble use':>11}")
     for r in results:
         spread = f"{r['slowdown']:+.1%} ({r['slowdown_q1']:+.1%}..{r['slowdown_q3']:+.1%})"
-        print(f"{r['mode']:<7} {1e3 * r['iteration_s']:>8.2f} {spread:>22} {r['bubble_fraction']:>9.1%} "
+        print(f"{r['mode']:<9} {1e3 * r['iteration_s']:>8.2f} {spread:>22} {r['bubble_fraction']:>9.1%} "
               f"{r['fill_member_steps_per_s']:>20.1f} {r['bubble_use']:>11.1%}")
     args.out.mkdir(parents=True, exist_ok=True)
     plot_timeline(blocks[SlotMode.GATED][-1], args.out / "bubble_timeline.png")

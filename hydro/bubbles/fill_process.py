@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.forkserver
 import os
 import pickle
@@ -137,15 +138,19 @@ class FillProcess:
         start_fill_server()  # (already running: nothing to do)
         context = multiprocessing.get_context("forkserver")
         self._conn, child_conn = context.Pipe()
+        self._news, child_news = context.Pipe(duplex=False)  # the child says it posted an epoch, ended or raised
         self._progress = context.RawArray("d", 4)
         self._lock = threading.Lock()  # one request/answer on the pipe at a time
+        self._news_lock = threading.Lock()
         self.gate, self.answer_timeout_s, self.unit_timeout_s = gate, answer_timeout_s, unit_timeout_s
         self.failure: FillFailure | None = None
         self._process = context.Process(
             target=_child_main, name="hydro-fill", daemon=True,
             args=(workload, plan, None if member_ids is None else list(member_ids), pickle.dumps(state),
-                  memory_budget_bytes, one_member_bytes, gate, cpus, idle, epochs, child_conn, self._progress))
+                  memory_budget_bytes, one_member_bytes, gate, cpus, idle, epochs, child_conn, child_news,
+                  self._progress))
         self._process.start()
+        child_news.close()
         with self._lock:
             self.member_ids: list[str] = self._answer(START_TIMEOUT_S)
 
@@ -187,6 +192,18 @@ class FillProcess:
     def poll(self) -> dict:
         """``{"result": EpochResult | None (awaiting a decision), "finished": bool}``."""
         return self._request("poll")
+
+    def wait_news(self, timeout_s: float) -> None:
+        """Wait, at most ``timeout_s`` and without using the CPU, until the child posts an epoch result, ends its
+        training or raises, or its process ends (then :meth:`poll` tells what happened): a caller that waits here
+        before each poll learns of an epoch's end at once without asking the host many times a second."""
+        with self._news_lock:
+            multiprocessing.connection.wait([self._news, self._process.sentinel], timeout_s)
+            try:
+                while self._news.poll():
+                    self._news.recv_bytes()
+            except (EOFError, OSError):  # the child has ended: poll() reports how
+                pass
 
     def decide(self, keep: Sequence[str]) -> dict:
         """The members of the posted epoch result that go on (none: the trial ends); returns the trial's state
@@ -261,8 +278,8 @@ class FillProcess:
 class _Runner:
     """The child's training thread: epochs of the trial, each ending in a posted result and a decision."""
 
-    def __init__(self, trial: FusedTrial, gate: LayerGate, state: dict | None, epochs: int, progress) -> None:
-        self.trial, self.gate, self.epochs, self.progress = trial, gate, epochs, progress
+    def __init__(self, trial: FusedTrial, gate: LayerGate, state: dict | None, epochs: int, progress, news) -> None:
+        self.trial, self.gate, self.epochs, self.progress, self.news = trial, gate, epochs, progress, news
         self.pending: EpochResult | None = state["pending"] if state else None
         self.train_loss: torch.Tensor | None = state["train_loss"] if state else None  # epoch awaiting evaluation
         self.keep: list[str] | None = None
@@ -293,6 +310,14 @@ class _Runner:
             self.progress[_UNIT_STARTED] = 0.0  # no unit in flight: an error is not taken for a hang
             with self.changed:
                 self.changed.notify_all()
+            self._tell()
+
+    def _tell(self) -> None:
+        """Wake a host waiting in :meth:`FillProcess.wait_news`."""
+        try:
+            self.news.send_bytes(b"")
+        except OSError:  # the host has gone: nobody waits
+            pass
 
     def _raised(self) -> None:
         """Keep the training thread's error for the next request and tell the host's watchdog."""
@@ -306,6 +331,7 @@ class _Runner:
             if self.train_loss is None:
                 if trial.epoch >= self.epochs:
                     self.finished = True
+                    self._tell()
                     return False
                 while True:
                     self._rng = torch.get_rng_state()
@@ -321,6 +347,7 @@ class _Runner:
             self.pending = EpochResult(trial.epoch, list(trial.member_ids),
                                        {k: [float(v) for v in values] for k, values in metrics.items()})
             self.train_loss = None
+        self._tell()
         with self.changed:
             self.changed.notify_all()
             while self.keep is None and not self.stopping:
@@ -349,7 +376,7 @@ def _error() -> dict:
 
 
 def _child_main(workload, plan, member_ids, state, memory_budget_bytes, one_member_bytes, gate, cpus, idle, epochs,
-                conn, progress) -> None:
+                conn, news, progress) -> None:
     def send(kind: str, payload) -> None:
         conn.send_bytes(pickle.dumps((kind, payload)))
 
@@ -376,7 +403,7 @@ def _child_main(workload, plan, member_ids, state, memory_budget_bytes, one_memb
         trial = FusedTrial(spec, plan, data, member_ids=ids, gates=[gate])
         if state:
             trial.load_state_dict(state["trial"])
-        runner = _Runner(trial, gate, state, epochs or spec.epochs, progress)
+        runner = _Runner(trial, gate, state, epochs or spec.epochs, progress, news)
     except BaseException:  # noqa: BLE001 - reported to the host, which raises it
         send("error", _error())
         return

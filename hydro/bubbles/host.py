@@ -80,9 +80,15 @@ class FillHost:
             self._set_gate(gate)
             return self.fill.member_ids
 
-    def fill_status(self) -> dict | None:
+    def fill_status(self, wait_s: float = 0.0) -> dict | None:
         """The hosted fill trial: ``{"result": EpochResult | None, "finished": bool}``; ``{"failed": cause,
-        "failure": FillFailure}`` once after it failed (it is detached then); ``None`` if there is none."""
+        "failure": FillFailure}`` once after it failed (it is detached then); ``None`` if there is none.
+        ``wait_s``: first wait up to this long for news of the fill (an epoch posted, its end, a failure; see
+        :meth:`FillProcess.wait_news`), so a caller can follow a fill with one call per epoch instead of polling
+        the host — whose process is the pipeline stage's — many times a second."""
+        fill = self.fill
+        if wait_s > 0 and fill is not None:
+            fill.wait_news(wait_s)
         with self.fill_lock:
             if self.fill is None:
                 failure, self.failure = self.failure, None

@@ -43,7 +43,8 @@ from hydro.tune.session import MemberSession, TrialFailed, TrialLost
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "hydro_fill_units.pt"
-POLL_S = 0.02  # how often a proxy asks its units' hosts for news
+POLL_S = 0.02  # how often a proxy turns: takes its hosts' answers, asks the placement service where units go
+WAIT_S = 1.0  # how long a host holds a proxy's status request while its fill has no news (see FillHost.fill_status)
 
 
 def _qualified(error: type[BaseException]) -> str:
@@ -94,6 +95,7 @@ class _Unit:
         self.slot: dict | None = None  # {"slot", "host", "mode"} while attached
         self.host = None
         self.result: EpochResult | None = None
+        self.status = None  # the host's answer to come (an ObjectRef of fill_status) while awaiting an epoch
         self.done = False
         self.dedicated = False  # its units of work are longer than the bubbles it met: dedicated workers only
 
@@ -135,20 +137,25 @@ class _Proxy:
         if unit.slot is None:
             self._attach(unit)
             return
-        try:
-            status = ray.get(unit.host.fill_status.remote())
-        except ray.exceptions.RayActorError:  # the host died: resume elsewhere from the last state
-            self._lost(unit)
-            return
-        if status is not None and "failed" in status:
-            self._failed(unit, status["failure"])
-            return
-        if status is not None and status["result"] is not None and unit.result is None:
-            result = status["result"]
-            if result.epoch <= self.epoch:  # replayed after a move: it was decided already
-                self._decide(unit, self.decided[unit.key])
-            else:
-                unit.result = result
+        if unit.result is None:  # awaiting its epoch: the host answers at the fill's news (or after WAIT_S)
+            if unit.status is None:
+                unit.status = unit.host.fill_status.remote(WAIT_S)
+            if ray.wait([unit.status], timeout=0)[0]:
+                answer, unit.status = unit.status, None
+                try:
+                    status = ray.get(answer)
+                except ray.exceptions.RayActorError:  # the host died: resume elsewhere from the last state
+                    self._lost(unit)
+                    return
+                if status is not None and "failed" in status:
+                    self._failed(unit, status["failure"])
+                    return
+                if status is not None and status["result"] is not None:
+                    result = status["result"]
+                    if result.epoch <= self.epoch:  # replayed after a move: it was decided already
+                        self._decide(unit, self.decided[unit.key])
+                    else:
+                        unit.result = result
         where = ray.get(self.service.assignment.remote(unit.key))
         if where is not None and "evicted" in where:  # the job ended: its hand-back, or what the host still has
             handed = where["evicted"] if where["evicted"] is not None else _quietly(unit.host.detach_fill)
@@ -210,6 +217,7 @@ class _Proxy:
         return bool(keep)
 
     def _decide(self, unit: _Unit, keep: list[str]) -> None:
+        unit.status = None  # an answer asked for before the decision would be stale
         try:
             answer = ray.get(unit.host.fill_decide.remote(keep))
         except ray.exceptions.RayActorError:  # resumes from its last state, replays this epoch, decided again
@@ -235,11 +243,11 @@ class _Proxy:
                        "last state on a dedicated worker", ", ".join(unit.member_ids), unit.slot["slot"],
                        failure.exception)
         self.service.release_unit.remote(unit.key)
-        unit.slot, unit.host, unit.result, unit.dedicated = None, None, None, True
+        unit.slot, unit.host, unit.result, unit.status, unit.dedicated = None, None, None, None, True
 
     def _lost(self, unit: _Unit) -> None:
         self.service.slot_lost.remote(unit.slot["slot"])
-        unit.slot, unit.host, unit.result = None, None, None
+        unit.slot, unit.host, unit.result, unit.status = None, None, None, None
 
     def _moved(self, unit: _Unit, handed: dict | None) -> None:
         """The unit left its slot with ``handed`` (exact state; else it resumes from its last state)."""
@@ -249,7 +257,7 @@ class _Proxy:
         if handed is not None:
             unit.state = handed["state"]
             unit.member_ids = list(unit.state["trial"]["member_ids"])
-        unit.slot, unit.host, unit.result = None, None, None
+        unit.slot, unit.host, unit.result, unit.status = None, None, None, None
 
 
 def bubble_fill(spec: TuneSpec):

@@ -165,8 +165,8 @@ class PipelineJob:
         return ray.get(self.stages[stage].attach_fill.remote(pickled_workload(spec), plan, mode, member_ids=member_ids,
                                                              state=state))
 
-    def fill_status(self, stage: int) -> dict | None:
-        return ray.get(self.stages[stage].fill_status.remote())
+    def fill_status(self, stage: int, wait_s: float = 0.0) -> dict | None:
+        return ray.get(self.stages[stage].fill_status.remote(wait_s))
 
     def detach_fill(self, stage: int) -> dict | None:
         return ray.get(self.stages[stage].detach_fill.remote())

@@ -284,3 +284,27 @@ def test_a_failed_fill_is_reported_once_whoever_finds_it_and_the_slot_is_free_ag
     assert host.fill_status() is None  # reported once
     assert host.attach_fill(workload(spec()), plan(), SlotMode.DEDICATED, member_ids=MEMBER_IDS) == MEMBER_IDS
     assert host.detach_fill()["state"] is not None
+
+
+def test_a_status_request_is_answered_at_the_fills_news_not_at_its_time_limit():
+    """``fill_status(wait_s)`` returns when the fill posts an epoch or its process ends, without the caller
+    polling the host (the stage's process) many times a second; with no news it returns after ``wait_s``."""
+    host = DedicatedHost("worker")
+    host.attach_fill(workload(spec(epochs=2)), plan(), SlotMode.DEDICATED, member_ids=MEMBER_IDS)
+    for epoch in (1, 2):
+        start = time.monotonic()
+        status = host.fill_status(wait_s=60)
+        assert status["result"].epoch == epoch and time.monotonic() - start < 30
+        assert host.fill_decide(MEMBER_IDS)["state"]["trial"]["epoch"] == epoch
+    assert host.fill_status(wait_s=0.5) == {"result": None, "finished": True}  # (its end was news)
+    start = time.monotonic()
+    assert host.fill_status(wait_s=0.5) == {"result": None, "finished": True}  # nothing new: after wait_s
+    assert time.monotonic() - start >= 0.5
+    host.detach_fill()
+    host.attach_fill(workload(spec(fault="hang", at=5)), plan(), SlotMode.DEDICATED, member_ids=MEMBER_IDS)
+    killer = threading.Timer(1.0, lambda: host.fill.kill())  # as the OOM killer would, while the caller waits
+    killer.start()
+    start = time.monotonic()
+    status = host.fill_status(wait_s=60)
+    killer.join()
+    assert "failed" in status and "SIGKILL" in status["failed"] and time.monotonic() - start < 30
