@@ -137,25 +137,10 @@ class _Proxy:
         if unit.slot is None:
             self._attach(unit)
             return
-        if unit.result is None:  # awaiting its epoch: the host answers at the fill's news (or after WAIT_S)
-            if unit.status is None:
-                unit.status = unit.host.fill_status.remote(WAIT_S)
-            if ray.wait([unit.status], timeout=0)[0]:
-                answer, unit.status = unit.status, None
-                try:
-                    status = ray.get(answer)
-                except ray.exceptions.RayActorError:  # the host died: resume elsewhere from the last state
-                    self._lost(unit)
-                    return
-                if status is not None and "failed" in status:
-                    self._failed(unit, status["failure"])
-                    return
-                if status is not None and status["result"] is not None:
-                    result = status["result"]
-                    if result.epoch <= self.epoch:  # replayed after a move: it was decided already
-                        self._decide(unit, self.decided[unit.key])
-                    else:
-                        unit.result = result
+        if unit.result is None:
+            self._follow(unit)
+            if unit.slot is None:  # lost, failed or done
+                return
         where = ray.get(self.service.assignment.remote(unit.key))
         if where is not None and "evicted" in where:  # the job ended: its hand-back, or what the host still has
             handed = where["evicted"] if where["evicted"] is not None else _quietly(unit.host.detach_fill)
@@ -164,6 +149,27 @@ class _Proxy:
             moved = ray.get(unit.host.detach_fill.remote())
             self.service.left.remote(unit.slot["slot"])
             self._moved(unit, moved)
+
+    def _follow(self, unit: _Unit) -> None:
+        """A unit awaiting its epoch: keep one status request in flight (the host answers it at the fill's news,
+        or after ``WAIT_S``) and take its answer once there is one."""
+        if unit.status is None:
+            unit.status = unit.host.fill_status.remote(WAIT_S)
+        if not ray.wait([unit.status], timeout=0)[0]:
+            return
+        answer, unit.status = unit.status, None
+        try:
+            status = ray.get(answer)
+        except ray.exceptions.RayActorError:  # the host died: resume elsewhere from the last state
+            self._lost(unit)
+            return
+        if status is not None and "failed" in status:
+            self._failed(unit, status["failure"])
+        elif status is not None and status["result"] is not None:
+            if status["result"].epoch <= self.epoch:  # replayed after a move: it was decided already
+                self._decide(unit, self.decided[unit.key])
+            else:
+                unit.result = status["result"]
 
     def _attach(self, unit: _Unit) -> None:
         dedicated = self.dedicated_only or unit.dedicated
