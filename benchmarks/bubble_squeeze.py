@@ -39,7 +39,7 @@ from hydro.tune.pipeline_job import PipelineJob
 CHUNK = 5  # iterations per job.run call
 IDLE_SPIN = "idle spin"  # the mode with busy loops under SCHED_IDLE on the stages' cores and no fill
 SPINNER = ("import os, sys\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
-           "os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass")
+           "os.sched_setaffinity(0, {int(sys.argv[1])})\nprint(flush=True)\nwhile True:\n    pass")
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,14 +48,17 @@ def run_mode(job: PipelineJob, mode: SlotMode | str | None, spec: TuneSpec, plan
     """One block of ``iterations`` in ``mode`` (a fill's :class:`SlotMode`, :data:`IDLE_SPIN` or ``None``: alone)."""
     if mode == IDLE_SPIN:
         cores = sorted(os.sched_getaffinity(0))  # each stage's core, as StageHost picks it
-        spinners = [subprocess.Popen([sys.executable, "-c", SPINNER, str(cores[stage % len(cores)])])
-                    for stage in range(job.num_stages)]
+        spinners = [subprocess.Popen([sys.executable, "-c", SPINNER, str(cores[stage % len(cores)])],
+                                     stdout=subprocess.PIPE) for stage in range(job.num_stages)]
+        for spinner in spinners:  # its start-up ran at normal priority: measure only once it spins idle, pinned
+            spinner.stdout.readline()
         try:
             return {**run_mode(job, None, spec, plan, iterations), "mode": IDLE_SPIN}
         finally:
             for spinner in spinners:
                 spinner.kill()
                 spinner.wait()
+                spinner.stdout.close()
     proxy, failures = threading.Event(), []  # set: the proxy stops; what failed in its threads
     deciders = [threading.Thread(target=_let_members_go_on, args=(job, stage, proxy, failures))
                 for stage in range(job.num_stages)]
