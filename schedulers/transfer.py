@@ -78,6 +78,21 @@ def scores_of(values: Iterable[tuple[str, float]]) -> dict[str, Score]:
 Stages = Sequence[Mapping[str, Score]]  # config id -> score of each finished stage, the search's first
 
 
+class Disagreement(Enum):
+    """When the first rung's transfer check (the search at S against S/2) is a disagreement that escalates.
+
+    ``LIKELY`` (the default): rho itself is below ``min_agreement`` over at least 4 configurations. ``CONFIDENT``:
+    its one-sided 95% upper bound is (the check is low: the warning's rule). Over 6 configurations the bound stays
+    above 0.5 unless rho is below -0.41 (over 16: 0.09), so ``CONFIDENT`` let a search through whose best full-size
+    configurations all ranked below the ladder's cut at S=8 (``benchmarks/transfer_fidelity.py``, held-out seed 3,
+    residual MLP: rho 0.37, 4.7 points short); ``LIKELY`` escalated there and in 3 other runs of the 16
+    workload-seeds, where the ranking was only noisy: it cost speed there (e.g. 3.8x -> 1.5x), and no returned
+    configuration's 3-seed mean fell below that of stock's best."""
+
+    CONFIDENT = "confident"
+    LIKELY = "likely"
+
+
 class RungKind(Enum):
     """What a rung is for."""
 
@@ -179,7 +194,8 @@ class TransferPolicy:
     stages. ``min_agreement``: a transfer check whose Spearman rho is confidently below this is low.
     ``max_target_drop``: a full-size score worse than the same configuration's finest surrogate score by more
     than this fraction is a :class:`TargetRegression`. ``escalate``: fidelity escalation (once) when the check
-    of S against the first rung (S/2) is low or the target regresses; only where S/2 >= 4 (S >= 8).
+    of S against the first rung (S/2) disagrees (``disagreement``, a :class:`Disagreement`) or the target
+    regresses; only where S/2 >= 4 (S >= 8).
     ``fallback_targets``: on a regression of the returned target that escalation did not cure, the next
     configurations in ladder order trained at full size (at most this many, once). An unshrunk search
     (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full size.
@@ -188,7 +204,8 @@ class TransferPolicy:
     ``benchmarks/transfer_fidelity.py``: the ladder as good as top-2 or seed repeats on its workloads, for less;
     the fallback targets, which cost only when a target regresses, never made a result worse there; escalation
     brought the overfitting MLP at S=8, whose best configurations at full size rank last at S=8, from 5.2 and 6.2
-    points short of stock's best to 1.2 and 0.3, and made no result worse."""
+    points short of stock's best to 1.2 and 0.3, and made no result worse; escalating on a :attr:`Disagreement.LIKELY`
+    disagreement caught the one run of 16 that the confident rule let through 4.7 points short."""
 
     fraction: float | None
     num_samples: int
@@ -202,6 +219,7 @@ class TransferPolicy:
     min_agreement: float = 0.5
     max_target_drop: float = 0.01
     escalate: bool = True
+    disagreement: Disagreement = Disagreement.LIKELY
     fallback_targets: int = 2
 
     def __post_init__(self) -> None:
@@ -217,6 +235,9 @@ class TransferPolicy:
         for name in ("ladder", "escalate"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransferPolicy: {name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.disagreement, Disagreement):
+            raise ValueError(f"TransferPolicy: disagreement must be a schedulers.transfer.Disagreement "
+                             f"({', '.join(f'Disagreement.{d.name}' for d in Disagreement)}), got {self.disagreement!r}")
         if not -1 <= self.min_agreement <= 1:
             raise ValueError(f"TransferPolicy: min_agreement is a Spearman rho, in [-1, 1]; got {self.min_agreement!r}")
 
@@ -350,9 +371,12 @@ class TransferPolicy:
         return Rung(FULL_SIZE, fallback, 1, RungKind.FALLBACK, why) if fallback else None
 
     def _disagreement(self, stages: Stages, first: Mapping[str, Score], tried: Mapping[int, set[str]]) -> Rung | None:
-        """An escalation if the check of the search against the ``first`` rung (S/2) is low, else ``None``."""
+        """An escalation if the check of the search against the ``first`` rung (S/2) disagrees (see
+        :class:`Disagreement`), else ``None``."""
         check = self._check(self.scale, stages[0], self.scale // 2, first)
-        if not (check.low and self.can_escalate()):
+        disagrees = check.low if self.disagreement is Disagreement.CONFIDENT else (
+            check.configs >= 4 and check.rho < self.min_agreement)
+        if not (disagrees and self.can_escalate()):
             return None
         return self._escalation(stages, tried, f"the rankings at S={check.coarse} and S={check.fine} disagree "
                                                f"(Spearman {check.rho:.2f} over {check.configs} configurations, 95% "

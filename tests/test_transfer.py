@@ -5,7 +5,7 @@ import math
 import pytest
 from scipy.stats import spearmanr
 
-from schedulers.transfer import (ONE_SIDED_95, RungKind, Score, TransferPolicy, rho_upper_bound,
+from schedulers.transfer import (ONE_SIDED_95, Disagreement, RungKind, Score, TransferPolicy, rho_upper_bound,
                                  scores_of, spearman)
 
 
@@ -214,6 +214,37 @@ def test_a_low_first_check_escalates_every_configuration_to_s_over_2_and_the_lad
     assert [(c.coarse, c.fine, c.configs) for c in p.checks(stages)] == [(8, 4, 8), (4, 2, 4), (2, 1, 1)]
     assert p.rungs(stages) == rungs and p.final(stages[:4])  # the target: no fallback asked for, escalated already
     assert not policy(scale=8, ladder=True, eta=2).final(stages[:4])  # default: fallback targets can follow
+
+
+def test_a_likely_disagreement_escalates_by_default_where_a_confident_one_does_not():
+    # The held-out failure of the fidelity benchmark (residual MLP, seed 3): the first rung's 6 configurations rank
+    # with rho 0.37 at S=4 (95% upper bound 0.88: not confidently below 0.5), and the best ones at S=4 (c2, c0)
+    # were below the ladder's cut at S=8.
+    search = scores_of((f"c{i}", i / 100) for i in range(12))  # c11 best at S=8; the first rung: c11..c6
+    s4 = {"c11": 0.2, "c10": 0.5, "c9": 0.6, "c8": 0.4, "c7": 0.3, "c6": 0.1, "c2": 0.9, "c0": 0.8}
+    quality = lambda config, scale: {8: search[config].mean, 4: s4.get(config, 0.0), 2: s4.get(config, 0.0),
+                                     1: s4.get(config, 0.0)}[scale]
+    confident = policy(scale=8, ladder=True, eta=2, fallback_targets=0, num_samples=12,
+                       disagreement=Disagreement.CONFIDENT)
+    rungs, stages = run_stages(confident, search, quality)
+    assert confident.checks(stages)[0].rho == pytest.approx(0.3714, abs=1e-4) and not confident.checks(stages)[0].low
+    assert [r.kind for r in rungs] == [RungKind.LADDER] * 3 and confident.returned(stages) == "c9"
+    likely = policy(scale=8, ladder=True, eta=2, fallback_targets=0, num_samples=12)  # the default
+    rungs, stages = run_stages(likely, search, quality)
+    assert [(r.scale, r.kind) for r in rungs] == [(4, RungKind.LADDER), (4, RungKind.ESCALATION), (2, RungKind.LADDER),
+                                                  (1, RungKind.LADDER)]
+    assert likely.disagreement is Disagreement.LIKELY
+    assert rungs[1].configs == ["c5", "c4", "c3", "c2", "c1", "c0"] and likely.returned(stages) == "c2"
+    assert rungs[1].why == "the rankings at S=8 and S=4 disagree (Spearman 0.37 over 6 configurations, 95% upper " \
+                           "bound 0.88)"
+    # fewer than 4 configurations at S/2 are never judged, whatever their rho
+    few = policy(scale=8, ladder=True, eta=4, fallback_targets=0, num_samples=12)
+    rungs, stages = run_stages(few, search, lambda config, scale: -search[config].mean if scale == 4 else 0.5)
+    assert few.checks(stages)[0].configs == 3 and few.checks(stages)[0].rho == -1.0
+    assert RungKind.ESCALATION not in [r.kind for r in rungs]
+    with pytest.raises(ValueError, match="disagreement must be a schedulers.transfer.Disagreement "
+                                         r"\(Disagreement.CONFIDENT, Disagreement.LIKELY\), got 'likely'"):
+        policy(disagreement="likely")
 
 
 def test_a_regressed_target_escalates_once_then_falls_back():

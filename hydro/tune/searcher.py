@@ -94,9 +94,10 @@ class HydroSearcher(Searcher):
     (their score: mean ± spread), a width ``ladder`` (the best ``1/eta`` re-trained at S/2, S/4, ...), then
     the ``top_k`` best at full size, the best of which on validation is returned (default: the ladder, one
     target, one seed, escalation, 2 fallback targets; ``ladder=False``: the best member's configuration alone);
-    ``escalate`` (S >= 8): when the ranking at S/2 disagrees with the search's or the target does worse at full
-    size than at its finest surrogate scale, every configuration is ranked at S/2 and the ladder goes on from
-    there (once); ``fallback_targets``: when the returned target still does worse, that many more configurations
+    ``escalate`` (S >= 8): when the ranking at S/2 disagrees with the search's (``disagreement``, a
+    :class:`~schedulers.transfer.Disagreement`: by default its Spearman rho is below ``min_agreement``) or the
+    target does worse at full size than at its finest surrogate scale, every configuration is ranked at S/2 and
+    the ladder goes on from there (once); ``fallback_targets``: when the returned target still does worse, that many more configurations
     (the next in ladder order) train at full size and the best full-size one is returned. The run logs the
     stages' cost up front (escalation's and the fallback targets' as a maximum), the returned configuration's
     score at each scale and the transfer check (a warning when rankings of consecutive scales disagree). Use it with
