@@ -11,11 +11,12 @@ Reported: the target's validation metric against stock's best ("shortfall"; and 
 stock's top configuration, the noise), the returned configuration's own stock score against stock's best
 ("config": the choice, without the target training's noise), the target against the mean of stock's top
 configuration trained as Hydro's full-size target (µP, the user's model itself) over the same seeds ("vs µP":
-without the target training's noise, the member's initialisation seed differing from stock's),
-Spearman rank correlation of the surrogates' scores (S=4, S=8) with the full-size ones over the N
-configurations, the transfer check of the remedies, and time. Training runs in
-this process with ``hydro.trial.FusedTrial`` (no Ray: the same unit Ray trials run, without scheduling
-overheads), one torch thread, one training at a time. Time is the process CPU time of the trainings: with
+without the target training's noise, the member's initialisation seed differing from stock's), the returned
+configuration's own mean over those seeds against it ("expected": both configurations trained the same way on the
+same seeds, so neither the target's seed nor the maximum over N noisy stock runs decides), Spearman rank
+correlation of the surrogates' scores (S=4, S=8) with the full-size ones over the N configurations, the transfer
+check of the remedies, and time. Training runs in this process with ``hydro.trial.FusedTrial`` (no Ray: the same
+unit Ray trials run, without scheduling overheads), one torch thread, one training at a time. Time is the process CPU time of the trainings: with
 one thread it is the wall time of an idle machine, and a shared machine's load does not inflate it. Writes
 ``transfer_fidelity.json`` and ``transfer_fidelity.png`` to ``--out``.
 
@@ -28,6 +29,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import platform
 import time
@@ -46,7 +48,7 @@ from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.random_search import RandomSearch
-from schedulers.transfer import RungKind, Score, TransferPolicy, scores_of, spearman
+from schedulers.transfer import Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
 
 NOISE_SEEDS = (1, 2)  # extra full-size seeds of stock's top configuration
 
@@ -123,6 +125,8 @@ WORKLOADS = {w.name: w for w in [
     Workload("mlp", "SGD MLP 64-512-512-10, digits", lambda q: digits_mlp(epochs=3 if q else 8, hidden=256 if q else 512)),
     Workload("resmlp", "AdamW pre-LN residual MLP (width 256) on noisy synthetic tabular data, overfitting",
              lambda q: residual_mlp(epochs=3 if q else 10, width=128 if q else 256)),
+    Workload("resmlp-wide", "AdamW pre-LN residual MLP (width 1024), as resmlp at a size where stock takes minutes",
+             lambda q: residual_mlp(epochs=3 if q else 8, width=256 if q else 1024)),
     Workload("cnn", "SGD CNN 64/128 channels with BatchNorm, 8x8 digits", lambda q: digits_cnn(epochs=2 if q else 5)),
     Workload("lm", "AdamW char Transformer LM (d=64, 8 heads, 2 layers), stdlib source", lambda q: char_lm_8_heads(epochs=1)),
 ]}
@@ -222,6 +226,8 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=8 ladder+fallback-2": {"scale": 8, "ladder": True, "fallback_targets": 2},
     "S=8 ladder+escalate": {"scale": 8, "ladder": True, "escalate": True},
     "S=8 ladder+escalate+fallback-2": {"scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2},
+    "S=8 ladder+escalate-likely+fallback-2": {"scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2,
+                                              "disagreement": Disagreement.LIKELY},
     "S=8 ladder+fallback-3": {"scale": 8, "ladder": True, "fallback_targets": 3},
     "S=4 ladder+fallback-2": {"scale": 4, "ladder": True, "fallback_targets": 2},
     "S=8 fallback-2": {"scale": 8, "fallback_targets": 2},
@@ -246,7 +252,8 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
     drawn = RandomSearch(space, seed=seed)
     configs = {f"c{i:02d}": drawn.suggest(str(i)) for i in range(samples)}
     trainer = Trainer(spec, spec.load_data())
-    if previous is not None and previous["configs"] == configs:
+    reused = previous is not None and previous["configs"] == configs
+    if reused:
         full, stock_seconds, top = previous["stock"]["scores"], previous["stock"]["seconds"], previous["stock"]["best"]
         noise_score, runs = Score(**previous["stock"]["best_seeds"]), dict(previous["runs"])
     else:
@@ -257,7 +264,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         noise_score = Score.of([full[top]] + [trainer.run(TrialPlan(TrialKind.PLAIN, [(top, configs[top])]),
                                                           dataclasses.replace(spec, seed=s))[top] for s in NOISE_SEEDS])
         runs = {}
-    if previous is not None and "best_mup" in previous["stock"] and previous["configs"] == configs:
+    if reused and "best_mup" in previous["stock"]:
         mup_score = Score(**previous["stock"]["best_mup"])
     else:  # the parametrization's share of a shortfall: stock's best configuration as Hydro's target trains it
         mup_score = Score.of([trainer.target(configs[top], mup=True, seed=s) for s in (spec.seed, *NOISE_SEEDS)])
@@ -276,13 +283,28 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         print(f"[{workload.name}] {name}: {run['seconds']:.0f} s ({run['speedup']:.1f}x), target {run['target']:.4f} "
               f"({run['returned']}), shortfall {run['shortfall']:+.4f}, Spearman {run['spearman_search_vs_full']:.2f}",
               flush=True)
+    # Each returned configuration's expected full-size score: trained as Hydro's target over the seeds stock's best
+    # was measured on (the spec's and NOISE_SEEDS), as ``mup_score`` is for stock's best configuration.
+    expected = {c: Score(**v) for c, v in previous["stock"].get("expected", {}).items()} if reused else {}
+    expected[top] = mup_score
+    for run in runs.values():
+        c = run["returned"]
+        if c not in expected:
+            first = targets[c][0] if c in targets else trainer.target(configs[c], mup=True)
+            expected[c] = Score.of([first] + [trainer.target(configs[c], mup=True, seed=s) for s in NOISE_SEEDS])
     for run in runs.values():  # the returned configuration as stock trained it: the choice, without target noise
         run["config_shortfall"] = shortfall(spec, full[run["returned"]], full[top])
         run["shortfall_mup"] = shortfall(spec, run["target"], mup_score.mean)
+        run["expected"] = vars(expected[run["returned"]])
+        run["expected_shortfall"] = shortfall(spec, expected[run["returned"]].mean, mup_score.mean)
+        mine = expected[run["returned"]]  # the difference of two means' standard error, in the shortfall's units
+        error = math.sqrt(mine.spread ** 2 / mine.count + mup_score.spread ** 2 / mup_score.count)
+        run["expected_shortfall_se"] = error if spec.mode == "max" else error / abs(mup_score.mean)
     return {"kind": workload.kind, "metric": spec.metric, "mode": spec.mode, "epochs": spec.epochs,
             "configs": configs, "stock": {"seconds": stock_seconds, "scores": full, "best": top,
                                           "best_value": full[top], "best_seeds": vars(noise_score),
-                                          "best_mup": vars(mup_score)},
+                                          "best_mup": vars(mup_score),
+                                          "expected": {c: vars(score) for c, score in expected.items()}},
             "runs": runs}
 
 
@@ -298,7 +320,7 @@ def report(results: dict) -> None:
               f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}, as a µP target "
               f"{stock_res['best_mup']['mean']:.4f} ± {stock_res['best_mup']['spread']:.4f}")
         print(f"  {'variant':<30} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
-              f"{'vs µP':>7} {'Spearman':>8} {'checks (rho)':>14} {'warns':>5} {'escalated, fallback':>20}  "
+              f"{'vs µP':>7} {'expected ± se':>16} {'Spearman':>8} {'checks (rho)':>14} {'warns':>5} {'escalated, fallback':>20}  "
               f"trail (scale: score)")
         for variant, run in res["runs"].items():
             checks = ",".join(f"{c['rho']:.2f}" for c in run["checks"] if c["configs"] >= 3) or "-"
@@ -306,7 +328,7 @@ def report(results: dict) -> None:
             extra = ",".join((["escalated"] if run.get("escalation") else []) + run.get("fallback", [])) or "-"
             print(f"  {variant:<30} {run['seconds']:7.0f} {run['speedup']:7.1f}x {run['target']:8.4f} "
                   f"{run['shortfall']:+9.4f} {run['config_shortfall']:+7.4f} "
-                  f"{run['shortfall_mup']:+7.4f} {run['spearman_search_vs_full']:8.2f} {checks:>14} "
+                  f"{run['shortfall_mup']:+7.4f} {run['expected_shortfall']:+8.4f} ± {run['expected_shortfall_se']:.4f} {run['spearman_search_vs_full']:8.2f} {checks:>14} "
                   f"{'yes' if run['low_check'] else 'no':>5} {extra:>20}  {trail}")
 
 
