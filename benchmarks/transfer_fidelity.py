@@ -207,7 +207,9 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
 
 # --- the benchmark ----------------------------------------------------------------------------------------------
 
-PLAIN = {"ladder": False, "top_k": 1, "seeds": 1, "escalate": False, "fallback_targets": 0}  # the best surrogate's alone
+# the best surrogate's alone; a variant that escalates does so on a confident disagreement unless it says "likely"
+PLAIN = {"ladder": False, "top_k": 1, "seeds": 1, "escalate": False, "disagreement": Disagreement.CONFIDENT,
+         "fallback_targets": 0}
 VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=2": {"scale": 2},
     "S=4": {"scale": 4},
