@@ -14,7 +14,7 @@ different validation optimum and single-seed scores are noisy. Remedies, all dec
   (:class:`TransferCheck`), low when confidently below ``min_agreement``; and the returned configuration's
   full-size score against its score at the finest surrogate scale (:class:`TargetRegression`): a full-size model
   that does worse than its own surrogate is the sign of a choice that did not transfer;
-- *fidelity escalation*: when the first rung's ranking disagrees with the search's (its transfer check is low) or
+- *fidelity escalation*: when the first rung's ranking disagrees with the search's (:class:`Disagreement`) or
   the target regresses, every configuration is ranked again at S/2 (those not trained there yet train at S/2,
   once) and the ladder goes on from that ranking, down to new full-size targets: a surrogate scale too coarse
   for the workload (e.g. an overfitting model whose best configurations at full size rank last at S=8) is
