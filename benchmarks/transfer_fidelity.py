@@ -16,8 +16,9 @@ configuration's own mean over those seeds against it ("expected": both configura
 same seeds, so neither the target's seed nor the maximum over N noisy stock runs decides), Spearman rank
 correlation of the surrogates' scores (S=4, S=8) with the full-size ones over the N configurations, the transfer
 check of the remedies, and time. Training runs in this process with ``hydro.trial.FusedTrial`` (no Ray: the same
-unit Ray trials run, without scheduling overheads), one torch thread, one training at a time. Time is the process CPU time of the trainings: with
-one thread it is the wall time of an idle machine, and a shared machine's load does not inflate it. Writes
+unit Ray trials run, without scheduling overheads), one torch thread, one training at a time. Time is the process
+CPU time of the trainings: with one thread it is the wall time of an idle machine, and a shared machine's load
+inflates it less (two runs sharing the 2-core machine measured the same decisions up to a third apart). Writes
 ``transfer_fidelity.json`` and ``transfer_fidelity.png`` to ``--out``.
 
     python -m benchmarks.transfer_fidelity [--workloads mlp,resmlp,cnn,lm] [--samples 16] [--quick]
@@ -297,9 +298,10 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
     for run in runs.values():  # the returned configuration as stock trained it: the choice, without target noise
         run["config_shortfall"] = shortfall(spec, full[run["returned"]], full[top])
         run["shortfall_mup"] = shortfall(spec, run["target"], mup_score.mean)
-        run["expected"] = vars(expected[run["returned"]])
-        run["expected_shortfall"] = shortfall(spec, expected[run["returned"]].mean, mup_score.mean)
-        mine = expected[run["returned"]]  # the difference of two means' standard error, in the shortfall's units
+        mine = expected[run["returned"]]
+        run["expected"] = vars(mine)
+        run["expected_shortfall"] = shortfall(spec, mine.mean, mup_score.mean)
+        # the difference of the two means' standard error, in the shortfall's units
         error = math.sqrt(mine.spread ** 2 / mine.count + mup_score.spread ** 2 / mup_score.count)
         run["expected_shortfall_se"] = error if spec.mode == "max" else error / abs(mup_score.mean)
     return {"kind": workload.kind, "metric": spec.metric, "mode": spec.mode, "epochs": spec.epochs,
@@ -322,15 +324,16 @@ def report(results: dict) -> None:
               f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}, as a µP target "
               f"{stock_res['best_mup']['mean']:.4f} ± {stock_res['best_mup']['spread']:.4f}")
         print(f"  {'variant':<30} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
-              f"{'vs µP':>7} {'expected ± se':>16} {'Spearman':>8} {'checks (rho)':>14} {'warns':>5} {'escalated, fallback':>20}  "
-              f"trail (scale: score)")
+              f"{'vs µP':>7} {'expected ± se':>16} {'Spearman':>8} {'checks (rho)':>14} {'warns':>5} "
+              f"{'escalated, fallback':>20}  trail (scale: score)")
         for variant, run in res["runs"].items():
             checks = ",".join(f"{c['rho']:.2f}" for c in run["checks"] if c["configs"] >= 3) or "-"
             trail = " -> ".join(f"{s}: {v['mean']:.4f}" for s, v in run["trail"])
             extra = ",".join((["escalated"] if run.get("escalation") else []) + run.get("fallback", [])) or "-"
             print(f"  {variant:<30} {run['seconds']:7.0f} {run['speedup']:7.1f}x {run['target']:8.4f} "
                   f"{run['shortfall']:+9.4f} {run['config_shortfall']:+7.4f} "
-                  f"{run['shortfall_mup']:+7.4f} {run['expected_shortfall']:+8.4f} ± {run['expected_shortfall_se']:.4f} {run['spearman_search_vs_full']:8.2f} {checks:>14} "
+                  f"{run['shortfall_mup']:+7.4f} {run['expected_shortfall']:+8.4f} ± {run['expected_shortfall_se']:.4f} "
+                  f"{run['spearman_search_vs_full']:8.2f} {checks:>14} "
                   f"{'yes' if run['low_check'] else 'no':>5} {extra:>20}  {trail}")
 
 

@@ -237,8 +237,9 @@ class TransferPolicy:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransferPolicy: {name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.disagreement, Disagreement):
-            raise ValueError(f"TransferPolicy: disagreement must be a schedulers.transfer.Disagreement "
-                             f"({', '.join(f'Disagreement.{d.name}' for d in Disagreement)}), got {self.disagreement!r}")
+            choices = ", ".join(f"Disagreement.{d.name}" for d in Disagreement)
+            raise ValueError(f"TransferPolicy: disagreement must be a schedulers.transfer.Disagreement ({choices}), "
+                             f"got {self.disagreement!r}")
         if not -1 <= self.min_agreement <= 1:
             raise ValueError(f"TransferPolicy: min_agreement is a Spearman rho, in [-1, 1]; got {self.min_agreement!r}")
 

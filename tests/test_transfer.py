@@ -217,7 +217,7 @@ def test_a_low_first_check_escalates_every_configuration_to_s_over_2_and_the_lad
 
 
 def test_a_likely_disagreement_escalates_by_default_where_a_confident_one_does_not():
-    # The held-out failure of the fidelity benchmark (residual MLP, seed 3): the first rung's 6 configurations rank
+    # The failure seen on the fidelity benchmark (residual MLP, seed 3): the first rung's 6 configurations rank
     # with rho 0.37 at S=4 (95% upper bound 0.88: not confidently below 0.5), and the best ones at S=4 (c2, c0)
     # were below the ladder's cut at S=8.
     search = scores_of((f"c{i}", i / 100) for i in range(12))  # c11 best at S=8; the first rung: c11..c6

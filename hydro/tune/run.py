@@ -131,8 +131,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     train fast on its device and trains them in chunks of that many, and the group's later trials get that
     many members. ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
     ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``,
-    ``fallback_targets``). Raises ``ValueError`` (or ``TypeError``) before Ray starts for arguments that cannot work (:func:`check_arguments`,
-    :func:`prepare`, ``HydroSearcher``'s own checks), and when no node of a
+    ``fallback_targets``). Raises ``ValueError`` (or ``TypeError``) before Ray starts for arguments that cannot
+    work (:func:`check_arguments`, :func:`prepare`, ``HydroSearcher``'s own checks), and when no node of a
     cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a warning); raises
     :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""
     check_arguments(spec, param_space, energy=energy, bubbles=bubbles, cpus_per_trial=cpus_per_trial,

@@ -98,10 +98,10 @@ class HydroSearcher(Searcher):
     :class:`~schedulers.transfer.Disagreement`: by default its Spearman rho is below ``min_agreement``) or the
     target does worse at full size than at its finest surrogate scale, every configuration is ranked at S/2 and
     the ladder goes on from there (once); ``fallback_targets``: when the returned target still does worse, that
-    many more configurations (the next in ladder order) train at full size and the best full-size one is returned. The run logs the
-    stages' cost up front (escalation's and the fallback targets' as a maximum), the returned configuration's
-    score at each scale and the transfer check (a warning when rankings of consecutive scales disagree). Use it with
-    ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials. ``data``: the
+    many more configurations (the next in ladder order) train at full size and the best full-size one is
+    returned. The run logs the stages' cost up front (escalation's and the fallback targets' as a maximum), the
+    returned configuration's score at each scale and the transfer check (a warning when rankings of consecutive
+    scales disagree). Use it with ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials. ``data``: the
     ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when needed).
     ``trial_cpus``: CPUs (torch threads) each trial trains with (Tune's default: 1); ``plan_fusion`` measures
     with as many.
