@@ -13,6 +13,11 @@ from schedulers.energy.traces import WORKLOADS  # noqa: E402
 from tests.energy.sim_trainable import train_on_trace  # noqa: E402
 
 SIZES = [256, 512, 1024, 2048]  # 2048 needs > 100 epochs: never converges, must be stopped by the bound
+# Training-trace runs a trial may draw. Runs 0 and 5 are left out: there 256 needs 40 epochs (78.7 kJ) and 512 49
+# (82.3 kJ), and with those the bound, β=2 times the least converged cost, reaches the 2048 trial's whole 100-epoch
+# cost (158.7 kJ), so that trial ends unstopped at its last epoch (a flake of the epoch assertion below). With
+# these, the 256 and 512 trials converge within 31 and 43 epochs: the bound is at most about 145 kJ.
+RUNS = [1, 2, 3, 4, 6, 7, 8, 9]
 
 
 def _tune(tmp_path, zeus_traces, name, samples):
@@ -24,7 +29,7 @@ def _tune(tmp_path, zeus_traces, name, samples):
         train_on_trace,
         param_space={
             "workload": "cifar100", "gpu": "v100", "traces": str(zeus_traces), "store": str(tmp_path / "energy.db"),
-            "run": tune.randint(0, 10), "batch_size": 1024,
+            "run": tune.choice(RUNS), "batch_size": 1024,
         },
         tune_config=tune.TuneConfig(scheduler=scheduler, num_samples=samples, reuse_actors=True),
         run_config=tune.RunConfig(name=name, storage_path=str(tmp_path / "ray"), verbose=0),
