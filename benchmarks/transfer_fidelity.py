@@ -209,8 +209,9 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
 # --- the benchmark ----------------------------------------------------------------------------------------------
 
 # the best surrogate's alone; a variant that escalates does so on a confident disagreement unless it says "likely"
+# or "probe"; a target regresses when it does 1% worse than its surrogate unless the variant says otherwise
 PLAIN = {"ladder": False, "top_k": 1, "seeds": 1, "escalate": False, "disagreement": Disagreement.CONFIDENT,
-         "fallback_targets": 0}
+         "fallback_targets": 0, "max_target_drop": 0.01}
 VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=2": {"scale": 2},
     "S=4": {"scale": 4},
@@ -231,6 +232,11 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=8 ladder+escalate+fallback-2": {"scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2},
     "S=8 ladder+escalate-likely+fallback-2": {"scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2,
                                               "disagreement": Disagreement.LIKELY},
+    "S=8 ladder+escalate-probe+fallback-2": {"scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2,
+                                             "disagreement": Disagreement.PROBE},
+    "S=8 ladder+escalate-probe+fallback-2-at-0.5%": {"scale": 8, "ladder": True, "escalate": True,
+                                                     "fallback_targets": 2, "disagreement": Disagreement.PROBE,
+                                                     "max_target_drop": 0.005},  # TransferPolicy's defaults
     "S=8 ladder+fallback-3": {"scale": 8, "ladder": True, "fallback_targets": 3},
     "S=4 ladder+fallback-2": {"scale": 4, "ladder": True, "fallback_targets": 2},
     "S=8 fallback-2": {"scale": 8, "fallback_targets": 2},
@@ -344,7 +350,7 @@ def plot(results: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     markers = "os^vDP*Xhp<>"
-    variants = list(VARIANTS)
+    variants = list(dict.fromkeys(v for res in results["workloads"].values() for v in res["runs"]))  # reused ones too
     for name, res in results["workloads"].items():
         line = None
         for variant, run in res["runs"].items():

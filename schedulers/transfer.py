@@ -14,11 +14,12 @@ different validation optimum and single-seed scores are noisy. Remedies, all dec
   (:class:`TransferCheck`), low when confidently below ``min_agreement``; and the returned configuration's
   full-size score against its score at the finest surrogate scale (:class:`TargetRegression`): a full-size model
   that does worse than its own surrogate is the sign of a choice that did not transfer;
-- *fidelity escalation*: when the first rung's ranking disagrees with the search's (:class:`Disagreement`) or
-  the target regresses, every configuration is ranked again at S/2 (those not trained there yet train at S/2,
-  once) and the ladder goes on from that ranking, down to new full-size targets: a surrogate scale too coarse
-  for the workload (e.g. an overfitting model whose best configurations at full size rank last at S=8) is
-  replaced by the next finer one;
+- *fidelity escalation*: when the first rung's ranking disagrees with the search's (:class:`Disagreement`; by
+  default the first rung also trains a few configurations from below its cut, *probes*, and one of them ranking
+  where the next rung keeps it is the disagreement) or the target regresses, every configuration is ranked again
+  at S/2 (those not trained there yet train at S/2, once) and the ladder goes on from that ranking, down to new
+  full-size targets: a surrogate scale too coarse for the workload (e.g. an overfitting model whose best
+  configurations at full size rank last at S=8) is replaced by the next finer one;
 - *fallback targets*: when the target still regresses, the next ``fallback_targets`` configurations in ladder
   order (the finest surrogate scale's ranking, then the next coarser scale's for the ones it did not reach, ...)
   train at full size too, once, and the best full-size one on validation is returned.
@@ -81,17 +82,28 @@ Stages = Sequence[Mapping[str, Score]]  # config id -> score of each finished st
 class Disagreement(Enum):
     """When the first rung's transfer check (the search at S against S/2) is a disagreement that escalates.
 
-    ``LIKELY`` (the default): rho itself is below ``min_agreement`` over at least 4 configurations. ``CONFIDENT``:
-    its one-sided 95% upper bound is below ``min_agreement`` too (the check is low: the warning's rule). Over 6
-    configurations the bound stays above 0.5 unless rho is below -0.41 (over 16: 0.09), so ``CONFIDENT`` let a
-    search through whose best full-size configurations all ranked below the ladder's cut at S=8
-    (``benchmarks/transfer_fidelity.py``, seed 3, residual MLP: rho 0.37, 4.7 points short); ``LIKELY`` escalated
-    there and in 3 other runs of the 16 workload-seeds, where the ranking was only noisy: it cost speed there
-    (e.g. 3.8x -> 1.5x), and no returned configuration's 3-seed mean was more than 0.06 points below that of
-    stock's best."""
+    ``PROBE`` (the default): the first rung also trains ``probes`` configurations from below its cut at S (every
+    other one: with 16 configurations and a cut of 6, the 7th, 9th and 11th), and one of them ranks at S/2 among
+    those the next rung keeps (the cut at S dropped a configuration S/2 would promote), or the check is low as
+    ``CONFIDENT`` says. ``LIKELY``: rho itself is below
+    ``min_agreement`` over at least 4 configurations. ``CONFIDENT``: its one-sided 95% upper bound is below
+    ``min_agreement`` too (the check is low: the warning's rule).
 
-    CONFIDENT = "confident"
+    On ``benchmarks/transfer_fidelity.py`` (16 workload-seeds and 2 of a width-1024 model): over 6 configurations
+    the bound stays above 0.5 unless rho is below -0.41, so ``CONFIDENT`` let a search through whose best
+    full-size configurations all ranked below the cut at S=8 (residual MLP, seed 3: rho 0.37, 4.7 points
+    short). ``LIKELY`` caught it, and escalated without need in 4 other runs, where rho over the first rung's close
+    configurations was only noise (wide model, seed 0: rho 0.36 over 8 while all 24 configurations agree at 0.84;
+    4.6x instead of 8.3x). The probes ask the question the failure poses instead (were good configurations
+    cut?): the residual MLP's best configurations at S/2 ranked 7th-13th at S=8, those of the other workloads
+    mostly within the cut. Probing every other rank reaches deeper than the next 3 for the same cost: replayed on
+    the scores of seeds 0-6, it escalates the residual MLP on 6 of its 7 seeds, the next 3 on 5 (on the seventh
+    S/2 and S=2 prefer the wrong configuration too: the target's drop catches it); of the other workloads it
+    escalates only runs the next 3 escalate too, and neither escalates the wide model."""
+
+    PROBE = "probe"
     LIKELY = "likely"
+    CONFIDENT = "confident"
 
 
 class RungKind(Enum):
@@ -194,19 +206,24 @@ class TransferPolicy:
     ``top_k``: configurations trained at full size. ``seeds``: repeats of each configuration in surrogate
     stages. ``min_agreement``: a transfer check whose Spearman rho is confidently below this is low.
     ``max_target_drop``: a full-size score worse than the same configuration's finest surrogate score by more
-    than this fraction is a :class:`TargetRegression`. ``escalate``: fidelity escalation (once) when the check
+    than this fraction is a :class:`TargetRegression` (0.5%: on the residual MLP, seeds 4 and 7, targets 0.98%
+    and 0.53% below their S=2 scores were 1.4 and 0.6 points worse in expectation than stock's best, and the
+    fallback targets at 0.5% returned stock's best; at 1% they did not train). ``escalate``: fidelity escalation (once) when the check
     of S against the first rung (S/2) disagrees (``disagreement``, a :class:`Disagreement`) or the target
-    regresses; only where S/2 >= 4 (S >= 8).
+    regresses; only where S/2 >= 4 (S >= 8). ``probes``: with :attr:`Disagreement.PROBE`, how many configurations
+    from below the first rung's cut at S (every other one) the first rung trains too (each costs ``seeds`` ÷
+    (S/2)² full-size trainings).
     ``fallback_targets``: on a regression of the returned target that escalation did not cure, the next
     configurations in ladder order trained at full size (at most this many, once). An unshrunk search
     (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full size.
 
-    Defaults (the ladder, one full-size target, one seed, escalation, 2 fallback targets) are what won
+    Defaults (the ladder, one full-size target, one seed, escalation with 3 probes, 2 fallback targets) are what won
     ``benchmarks/transfer_fidelity.py``: the ladder as good as top-2 or seed repeats on its workloads, for less;
     the fallback targets, which cost only when a target regresses, never made a result worse there; escalation
     brought the overfitting MLP at S=8, whose best configurations at full size rank last at S=8, from 5.2 and 6.2
-    points short of stock's best to 1.2 and 0.3, and made no result worse; escalating on a :attr:`Disagreement.LIKELY`
-    disagreement caught the one run of 16 that the confident rule let through 4.7 points short."""
+    points short of stock's best to 1.2 and 0.3, and made no result worse; escalating on a probe that S/2 promotes
+    caught the run the confident rule let through 4.7 points short, without the needless escalations of
+    :attr:`Disagreement.LIKELY` (see :class:`Disagreement`)."""
 
     fraction: float | None
     num_samples: int
@@ -218,15 +235,16 @@ class TransferPolicy:
     top_k: int = 1
     seeds: int = 1
     min_agreement: float = 0.5
-    max_target_drop: float = 0.01
+    max_target_drop: float = 0.005
     escalate: bool = True
-    disagreement: Disagreement = Disagreement.LIKELY
+    disagreement: Disagreement = Disagreement.PROBE
+    probes: int = 3
     fallback_targets: int = 2
 
     def __post_init__(self) -> None:
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ValueError(f"transfer_fraction must be in (0, 1] or None, got {self.fraction}")
-        for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2), ("fallback_targets", 0)):
+        for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2), ("fallback_targets", 0), ("probes", 0)):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
                 raise ValueError(f"TransferPolicy: {name} must be an int >= {low}, got {getattr(self, name)!r}")
         if not self.max_target_drop >= 0:
@@ -272,6 +290,15 @@ class TransferPolicy:
         return self._plan(self.scale, candidates)
 
     def _plan(self, base: int, candidates: int) -> list[tuple[int, int, int]]:
+        """The stages after a ranking of ``candidates`` configurations at scale ``base``: the ladder's, its first
+        rung widened by the probes when they train (:meth:`probing`)."""
+        stages = self._ladder(base, candidates)
+        if base == self.scale and self.probing():
+            scale, count, seeds = stages[0]
+            stages[0] = (scale, count + len(range(count, candidates, 2)[:self.probes]), seeds)
+        return stages
+
+    def _ladder(self, base: int, candidates: int) -> list[tuple[int, int, int]]:
         """The ladder's stages after a ranking of ``candidates`` configurations at scale ``base``."""
         stages, count, scale = [], candidates, base // 2
         top_k = self.top_k if self.scale > FULL_SIZE else 1
@@ -280,6 +307,18 @@ class TransferPolicy:
             stages.append((scale, count, self.seeds))
             scale //= 2
         return [*stages, (FULL_SIZE, min(count, top_k), 1)]
+
+    def _probes(self, ranked: Sequence[str]) -> list[str]:
+        """The probes of a search whose configurations rank ``ranked`` (best first): every other one below the
+        first rung's cut, ``probes`` of them, so that they reach twice as far below it as the next ones would."""
+        cut = self._ladder(self.scale, len(ranked))[0][1]
+        return list(ranked[cut::2][:self.probes])
+
+    def probing(self) -> bool:
+        """Whether the first rung trains probes: :attr:`Disagreement.PROBE` with ``probes``, a ladder, and an
+        escalation they could cause."""
+        return (self.disagreement is Disagreement.PROBE and self.probes > 0 and self.ladder
+                and self.can_escalate())
 
     def fallbacks(self, candidates: int) -> int:
         """The most fallback targets a search of ``candidates`` scored configurations can train (none unshrunk)."""
@@ -308,9 +347,12 @@ class TransferPolicy:
     def describe(self, candidates: int) -> str:
         """The stages after the search and their cost, the most an escalation and the fallback targets can add
         included, to show before they run."""
+        planned = self.schedule(candidates)
+        probes = planned[0][1] - self._ladder(self.scale, candidates)[0][1]
         stages = ", ".join(f"{count}" + (f"×{seeds} seeds" if seeds > 1 else "")
                            + (" at full size" if scale == FULL_SIZE else f" at S={scale}")
-                           for scale, count, seeds in self.schedule(candidates))
+                           + (f" ({probes} of them probes from below the cut)" if i == 0 and probes else "")
+                           for i, (scale, count, seeds) in enumerate(planned))
         cost, escalation, fallbacks = self.cost(candidates), self.escalation_cost(candidates), self.fallbacks(candidates)
         text = f"{stages}: about {cost:.2f} full-size trainings (compute ∝ width²)"
         if escalation:
@@ -353,7 +395,9 @@ class TransferPolicy:
 
         previous = base
         for scale, count, seeds in self._plan(base, len(at(base))):
-            new = [c for c in self.ranking(at(previous))[:count] if c not in tried.get(scale, ())]
+            ranked = self.ranking(at(previous))
+            probes = self._probes(ranked) if previous == self.scale and self.probing() else []  # the first rung's
+            new = [c for c in [*ranked[:count - len(probes)], *probes] if c not in tried.get(scale, ())]
             if new:  # past the first rung (S/2), unless its ranking disagreed with the search's
                 past_first = not escalated and scale < self.scale // 2
                 return (past_first and self._disagreement(stages, at(self.scale // 2), tried)) or Rung(scale, new, seeds)
@@ -375,14 +419,24 @@ class TransferPolicy:
     def _disagreement(self, stages: Stages, first: Mapping[str, Score], tried: Mapping[int, set[str]]) -> Rung | None:
         """An escalation if the check of the search against the ``first`` rung (S/2) disagrees (see
         :class:`Disagreement`), else ``None``."""
-        check = self._check(self.scale, stages[0], self.scale // 2, first)
-        disagrees = check.low if self.disagreement is Disagreement.CONFIDENT else (
-            check.configs >= 4 and check.rho < self.min_agreement)
-        if not (disagrees and self.can_escalate()):
+        if not self.can_escalate():
             return None
-        return self._escalation(stages, tried, f"the rankings at S={check.coarse} and S={check.fine} disagree "
-                                               f"(Spearman {check.rho:.2f} over {check.configs} configurations, 95% "
-                                               f"upper bound {check.upper:.2f})")
+        check = self._check(self.scale, stages[0], self.scale // 2, first)
+        why = (f"the rankings at S={check.coarse} and S={check.fine} disagree (Spearman {check.rho:.2f} over "
+               f"{check.configs} configurations, 95% upper bound {check.upper:.2f})")
+        if self.disagreement is Disagreement.LIKELY:
+            disagrees = check.configs >= 4 and check.rho < self.min_agreement
+        else:
+            disagrees = check.low
+            if not disagrees and self.probing():
+                cut, keep = (count for _, count, _ in self._ladder(self.scale, len(stages[0]))[:2])
+                at_s, at_half = self.ranking(stages[0]), self.ranking(first)
+                promoted = [c for c in self._probes(at_s) if c in at_half[:keep]]
+                disagrees = bool(promoted)
+                why = (f"the cut at S={self.scale} dropped what S={self.scale // 2} promotes: " + "; ".join(
+                    f"{c} ranked {at_s.index(c) + 1} at S={self.scale} (cut: {cut}) and ranks {at_half.index(c) + 1} "
+                    f"at S={self.scale // 2} (kept: {keep})" for c in promoted))
+        return self._escalation(stages, tried, why) if disagrees else None
 
     def _escalation(self, stages: Stages, tried: Mapping[int, set[str]], why: str) -> Rung | None:
         """The configurations of the search not yet trained at S/2, to train there (``None`` if there is none)."""

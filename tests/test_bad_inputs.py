@@ -11,7 +11,7 @@ were silent (no error anywhere before tuning: wrong results or wasted work), unc
 error, a message that named neither the problem nor the fix; for a ``TuneSpec`` field accepted as given, what
 ``prepare`` then said) or late (clear, but after Ray had started) when the census was taken, and were fixed with it.
 
-Counts: 196 bad inputs tried (163 API, 33 CLI); 107 clear before the census (or checked since their option
+Counts: 197 bad inputs tried (164 API, 33 CLI); 108 clear before the census (or checked since their option
 exists); 89 fixed with it (33 silent, 54 unclear, 2 late); 0 silent or unclear now.
 """
 from __future__ import annotations
@@ -348,8 +348,9 @@ CASES = [
     case("transfer-escalate-int", lambda: searcher(escalate=1), ValueError,
          "escalate must be True or False, got 1"),
     case("transfer-disagreement-string", lambda: searcher(disagreement="likely"), ValueError,
-         "disagreement must be a schedulers.transfer.Disagreement (Disagreement.CONFIDENT, Disagreement.LIKELY), "
-         "got 'likely'"),
+         "disagreement must be a schedulers.transfer.Disagreement (Disagreement.PROBE, Disagreement.LIKELY, "
+         "Disagreement.CONFIDENT), got 'likely'"),
+    case("transfer-probes-negative", lambda: searcher(probes=-1), ValueError, "probes must be an int >= 0, got -1"),
     case("transfer-min-agreement-above-one", lambda: searcher(min_agreement=2.0), ValueError,  # fixed
          "min_agreement is a Spearman rho, in [-1, 1]; got 2.0"),
     case("transfer-unknown-option", lambda: searcher(etta=3), TypeError,  # fixed

@@ -128,7 +128,8 @@ def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
 
 
 def test_a_regressed_target_escalates_to_s_over_2_and_the_ladder_goes_on_from_there(caplog):
-    s = HydroSearcher(spec(), num_samples=4, scale=8, fusion=4, ladder=True, eta=2, fallback_targets=0, seed=0)
+    s = HydroSearcher(spec(), num_samples=4, scale=8, fusion=4, ladder=True, eta=2, fallback_targets=0, seed=0,
+                      probes=0)  # no probes: the first rung is the best 2, the escalation trains the other 2
     s.set_search_properties("val_acc", "max", SPACE)
     with caplog.at_level(logging.INFO, logger="hydro.tune.searcher"):
         finish(s, "t0", plan_of(s.suggest("t0")), lambda m: int(m[1:]) / 10)  # S=8: m00003 best

@@ -130,7 +130,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     no GPU): the searcher hands out up to ``max_fusion`` members per trial, each trial measures how many fit and
     train fast on its device and trains them in chunks of that many, and the group's later trials get that
     many members. ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
-    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``,
+    ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
     ``fallback_targets``). Raises ``ValueError`` (or ``TypeError``) before Ray starts for arguments that cannot
     work (:func:`check_arguments`, :func:`prepare`, ``HydroSearcher``'s own checks), and when no node of a
     cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a warning); raises

@@ -95,7 +95,8 @@ class HydroSearcher(Searcher):
     the ``top_k`` best at full size, the best of which on validation is returned (default: the ladder, one
     target, one seed, escalation, 2 fallback targets; ``ladder=False``: the best member's configuration alone);
     ``escalate`` (S >= 8): when the ranking at S/2 disagrees with the search's (``disagreement``, a
-    :class:`~schedulers.transfer.Disagreement`: by default its Spearman rho is below ``min_agreement``) or the
+    :class:`~schedulers.transfer.Disagreement`: by default one of the ``probes`` configurations from below the
+    first rung's cut, trained with it, ranks at S/2 where the next rung keeps it) or the
     target does worse at full size than at its finest surrogate scale, every configuration is ranked at S/2 and
     the ladder goes on from there (once); ``fallback_targets``: when the returned target still does worse, that
     many more configurations (the next in ladder order) train at full size and the best full-size one is
