@@ -117,8 +117,8 @@ def test_transfer_check_is_low_only_when_the_disagreement_is_beyond_the_noise_of
 
 
 @pytest.mark.parametrize("mode, surrogate, full, drop", [("max", 0.6433, 0.6183, 0.0389),  # resmlp, seed 0
-                                                        ("max", 0.9578, 0.9489, 0.0093),  # 0.93%: above 0.5%
-                                                        ("max", 0.9578, 0.9540, None),    # 0.40%: within 0.5%
+                                                        ("max", 0.9578, 0.9470, 0.0113),  # 1.13%: above 1%
+                                                        ("max", 0.9578, 0.9489, None),    # 0.93%: within 1%
                                                         ("max", 0.9756, 0.9800, None),    # full size better
                                                         ("min", 2.40, 2.52, 0.05),       # a loss that rose
                                                         ("min", 2.53, 2.44, None)])
@@ -176,7 +176,7 @@ def test_fallback_targets_train_only_when_the_target_regresses_and_the_best_full
 
 
 def test_no_fallback_when_the_target_holds_or_when_none_is_asked_for():
-    holds = {"c4": 0.6 * 0.996}  # within max_target_drop (0.5%) of its S=2 score
+    holds = {"c4": 0.6 * 0.995}  # within max_target_drop (1%) of its S=2 score
     rungs, stages = run_stages(fallback_policy(), ladder_search(), ladder_quality(holds))
     assert [r.scale for r in rungs] == [4, 2, 1] and fallback_policy().returned(stages) == "c4"
     regressed = ladder_quality({"c4": 0.5})
