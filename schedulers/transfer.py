@@ -209,7 +209,7 @@ class TransferPolicy:
     configuration on residual-MLP seeds 4 and 7 of ``benchmarks/transfer_fidelity.py``, whose targets were 0.98%
     and 0.53% below their S=2 scores and 1.4 and 0.6 points worse in expectation, but fired on noise where it
     cost most: the wide model's seed 3, 0.75% (2.8x instead of 7.8x), and ``benchmarks/e2e_tuning.py`` with
-    Optuna TPE, 0.7% or 3 of 450 validation samples (203 s instead of about 90 s); neither changed the
+    Optuna TPE, 0.7% or 3 of 450 validation samples (203 s instead of 96 s); neither changed the
     answer). ``escalate``: fidelity escalation (once) when the check of S against the first rung (S/2) disagrees
     (``disagreement``, a :class:`Disagreement`) or the target regresses; only where S/2 >= 4 (S >= 8).
     ``probes``: with :attr:`Disagreement.PROBE`, how many configurations from below the first rung's cut at S
