@@ -294,9 +294,9 @@ class TransferPolicy:
         """The stages after a ranking of ``candidates`` configurations at scale ``base``: the ladder's, its first
         rung widened by the probes when they train (:meth:`probing`)."""
         stages = self._ladder(base, candidates)
-        if base == self.scale and self.probing():
+        if base == self.scale:
             scale, count, seeds = stages[0]
-            stages[0] = (scale, count + len(range(count, candidates, 2)[:self.probes]), seeds)
+            stages[0] = (scale, count + len(self._probe_ranks(candidates)), seeds)
         return stages
 
     def _ladder(self, base: int, candidates: int) -> list[tuple[int, int, int]]:
@@ -309,11 +309,18 @@ class TransferPolicy:
             scale //= 2
         return [*stages, (FULL_SIZE, min(count, top_k), 1)]
 
+    def _probe_ranks(self, candidates: int) -> range:
+        """The ranks (0: best) at S of the first rung's probes among ``candidates`` configurations: every other one
+        below its cut, ``probes`` of them, so that they reach twice as far below it as the next ones would; none
+        unless :meth:`probing`."""
+        if not self.probing():
+            return range(0)
+        cut = self._ladder(self.scale, candidates)[0][1]
+        return range(cut, candidates, 2)[:self.probes]
+
     def _probes(self, ranked: Sequence[str]) -> list[str]:
-        """The probes of a search whose configurations rank ``ranked`` (best first): every other one below the
-        first rung's cut, ``probes`` of them, so that they reach twice as far below it as the next ones would."""
-        cut = self._ladder(self.scale, len(ranked))[0][1]
-        return list(ranked[cut::2][:self.probes])
+        """The probes of a search whose configurations rank ``ranked`` (best first)."""
+        return [ranked[i] for i in self._probe_ranks(len(ranked))]
 
     def probing(self) -> bool:
         """Whether the first rung trains probes: :attr:`Disagreement.PROBE` with ``probes``, a ladder, and an
@@ -397,7 +404,7 @@ class TransferPolicy:
         previous = base
         for scale, count, seeds in self._plan(base, len(at(base))):
             ranked = self.ranking(at(previous))
-            probes = self._probes(ranked) if previous == self.scale and self.probing() else []  # the first rung's
+            probes = self._probes(ranked) if previous == self.scale else []  # the first rung's (after the search)
             new = [c for c in [*ranked[:count - len(probes)], *probes] if c not in tried.get(scale, ())]
             if new:  # past the first rung (S/2), unless its ranking disagreed with the search's
                 past_first = not escalated and scale < self.scale // 2
@@ -429,7 +436,7 @@ class TransferPolicy:
             disagrees = check.configs >= 4 and check.rho < self.min_agreement
         else:
             disagrees = check.low
-            if not disagrees and self.probing():
+            if not disagrees and self.probing():  # a probe that S/2 promotes
                 cut, keep = (count for _, count, _ in self._ladder(self.scale, len(stages[0]))[:2])
                 at_s, at_half = self.ranking(stages[0]), self.ranking(first)
                 promoted = [c for c in self._probes(at_s) if c in at_half[:keep]]

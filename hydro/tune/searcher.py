@@ -96,16 +96,16 @@ class HydroSearcher(Searcher):
     target, one seed, escalation, 2 fallback targets; ``ladder=False``: the best member's configuration alone);
     ``escalate`` (S >= 8): when the ranking at S/2 disagrees with the search's (``disagreement``, a
     :class:`~schedulers.transfer.Disagreement`: by default one of the ``probes`` configurations from below the
-    first rung's cut, trained with it, ranks at S/2 where the next rung keeps it) or the
-    target does worse at full size than at its finest surrogate scale, every configuration is ranked at S/2 and
-    the ladder goes on from there (once); ``fallback_targets``: when the returned target still does worse, that
-    many more configurations (the next in ladder order) train at full size and the best full-size one is
-    returned. The run logs the stages' cost up front (escalation's and the fallback targets' as a maximum), the
-    returned configuration's score at each scale and the transfer check (a warning when rankings of consecutive
-    scales disagree). Use it with ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials. ``data``: the
-    ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when needed).
-    ``trial_cpus``: CPUs (torch threads) each trial trains with (Tune's default: 1); ``plan_fusion`` measures
-    with as many.
+    first rung's cut, trained with it, ranks at S/2 where the next rung keeps it) or the target does worse at
+    full size than at its finest surrogate scale, every configuration is ranked at S/2 and the ladder goes on
+    from there (once); ``fallback_targets``: when the returned target still does worse, that many more
+    configurations (the next in ladder order) train at full size and the best full-size one is returned. The
+    run logs the stages' cost up front (escalation's and the fallback targets' as a maximum), the returned
+    configuration's score at each scale and the transfer check (a warning when rankings of consecutive scales
+    disagree). Use it with ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials.
+    ``data``: the ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when
+    needed). ``trial_cpus``: CPUs (torch threads) each trial trains with (Tune's default: 1); ``plan_fusion``
+    measures with as many.
     """
 
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int = 1,
