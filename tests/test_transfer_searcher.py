@@ -162,6 +162,51 @@ def test_a_regressed_target_escalates_to_s_over_2_and_the_ladder_goes_on_from_th
                                   "configurations: rho -0.20 (95% upper bound 0.90)"
 
 
+@pytest.mark.parametrize("gpus, max_concurrent, search_s, trials", [
+    (1, None, 60.0, [2, 2]),  # the alive node's 2 cards: 2 trials at once (the dead node's 8 do not count)
+    (1, None, 4.0, [4]),      # 8 s of training as one trial: a second trial's start (5 s) would cost more
+    (1, 1, 60.0, [4]),        # max_concurrent_trials=1
+    (0.5, None, 60.0, [4]),   # fractions of a card share it: one fused trial
+    (None, None, 60.0, [4]),  # no trial reported its resources: one fused trial
+])
+def test_a_rung_is_spread_over_the_trials_the_cluster_runs_at_once(monkeypatch, gpus, max_concurrent, search_s,
+                                                                    trials):
+    import hydro.tune.searcher as searcher_module
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
+             {"Alive": False, "Resources": {"CPU": 16.0, "GPU": 8.0}}]
+    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked GPU cluster: none here
+    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: nodes)
+    s = HydroSearcher(spec(epochs=2), num_samples=8, scale=4, fusion=8, ladder=True, eta=2, top_k=1, seed=0,
+                      fallback_targets=0)
+    s.set_search_properties("val_acc", "max", SPACE)
+    if max_concurrent is not None:
+        assert s.set_max_concurrency(max_concurrent) is False  # Tune still limits the trials itself
+    plan = plan_of(s.suggest("t0"))
+    ids = [m for m, _ in plan.members]
+    values = {m: int(m[1:]) / 10 for m in ids}
+    resources = {} if gpus is None else {"trial_cpus": 1.0, "trial_gpus": gpus}
+    s.on_trial_result("t0", {**member_result(ids, 1, values), **resources})
+    # the rung's 4 members at S=2 train (4 / 2)² x 4 / 8 = 2 times as long as the search's trial of 8 at S=4
+    s.on_trial_complete("t0", {**member_result(ids, 2, values, done=True), **resources, "time_total_s": search_s})
+    rung = []
+    while isinstance(config := s.suggest(f"r{len(rung)}"), dict):
+        rung.append(plan_of(config))
+    assert [len(p.members) for p in rung] == trials and {p.scale for p in rung} == {2}
+    assert [m for p in rung for m, _ in p.members] == ["m00007@2", "m00006@2", "m00005@2", "m00004@2"]
+
+
+def test_fit_spreads_the_search_over_the_trials_the_cluster_runs_at_once(ray_cluster, tmp_path):
+    from hydro.tune.run import fit
+
+    results, searcher = fit(spec(epochs=1), SPACE, num_samples=4, fusion=4, transfer_fraction=None, seed=0,
+                            storage_path=str(tmp_path), name="slots", verbose=0)
+    assert not results.errors and len(searcher.member_results()) == 4
+    # fusion=4 asks for one trial of 4; the 2-CPU cluster runs 2 trials of 1 CPU at once: 2 of 2
+    assert sorted(len(r.config["hydro"].members) for r in results) == [2, 2]
+    assert {(r.metrics["trial_cpus"], r.metrics["trial_gpus"]) for r in results} == {(1.0, 0.0)}
+
+
 def test_bad_transfer_settings_are_rejected_before_the_run():
     with pytest.raises(ValueError, match="top_k must be an int >= 1"):
         HydroSearcher(spec(), num_samples=4, top_k=0)
@@ -203,7 +248,8 @@ def test_ladder_seeds_and_top_k_on_a_local_cluster(ray_cluster, tmp_path):
     table = member_table(results, workload)
     scales = sorted((r.config["hydro"].kind, r.config["hydro"].scale, len(r.config["hydro"].members))
                     for r in results)
-    # the search (4 configurations x 2 seeds at S=4), the ladder's S=2 (top 2 x 2 seeds), 2 full-size targets
+    # the search (4 configurations x 2 seeds at S=4), the ladder's S=2 (top 2 x 2 seeds; a second trial would
+    # cost more than these few seconds of training), 2 full-size targets
     assert scales == [("surrogate", 2, 4), ("surrogate", 4, 8), ("target", 1, 1), ("target", 1, 1)]
     assert len(table) == 8 + 4 + 2 and table["val_acc"].notna().all()
     best = best_configuration(results, workload)

@@ -144,7 +144,9 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,  # checks its arguments
                                    fusion=max_fusion if in_trial else fusion,             # before Ray starts
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
-                                   seed=seed, data=data, **transfer)
+                                   seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)),
+                                   trial_resources=None if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
+                                   **transfer)  # fill trials train in the bubbles of the jobs' own devices
     if storage_path is not None and "://" not in storage_path:  # Ray takes only absolute local paths
         storage_path = os.path.abspath(os.path.expanduser(storage_path))
     started = not ray.is_initialized()

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import ray
 from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.sample import Domain
@@ -34,11 +35,12 @@ from hydro.trial.spec import TuneSpec
 from hydro.tune.member_decisions import start_service
 from hydro.tune.member_rules import refuse_trial_scheduler, stopping_rule
 from hydro.tune.random_search import RandomSearch
-from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
+from hydro.tune.session import ERROR_KEY, MEMBERS_KEY, TRIAL_CPUS_KEY, TRIAL_GPUS_KEY
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
 from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
+from schedulers.trial_slots import rung_trials, split_evenly, trial_slots
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,9 @@ class SearchState:
     rejected: dict[str, tuple[dict, str]] = field(default_factory=dict)  # member -> (config, why)
     trial_groups: dict = field(default_factory=dict)  # surrogate trial id -> its members' group key
     transfer: TransferState = field(default_factory=TransferState)
+    trial_request: dict[str, float] = field(default_factory=dict)  # one trial's Ray resources: given, or reported
+    max_concurrent: int | None = None  # Tune's max_concurrent_trials (set_max_concurrency)
+    trial_seconds: dict[str, float] = field(default_factory=dict)  # finished surrogate trial -> its time_total_s
 
 
 class HydroSearcher(Searcher):
@@ -98,24 +103,35 @@ class HydroSearcher(Searcher):
     :class:`~schedulers.transfer.Disagreement`: by default one of the ``probes`` configurations from below the
     first rung's cut, trained with it, ranks at S/2 where the next rung keeps it) or the target does worse at
     full size than at its finest surrogate scale, every configuration is ranked at S/2 and the ladder goes on
-    from there (once); ``fallback_targets``: when the returned target still does worse, that many more
+    from there (once); a rung's members are spread evenly over as many fused trials as train at once on
+    separate compute of the cluster (from the CPUs and whole GPUs a trial was given, at most Tune's
+    ``max_concurrent_trials``; :func:`~schedulers.trial_slots.trial_slots`) when its training time, estimated
+    from the finished trials, saves more than another trial's start (else one fused trial; at most
+    ``max_fusion`` members each); ``fallback_targets``: when the returned target still does worse, that many more
     configurations (the next in ladder order) train at full size and the best full-size one is returned. The
     run logs the stages' cost up front (escalation's and the fallback targets' as a maximum), the returned
     configuration's score at each scale and the transfer check (a warning when rankings of consecutive scales
     disagree). Use it with ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials.
     ``data``: the ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when
     needed). ``trial_cpus``: CPUs (torch threads) each trial trains with (Tune's default: 1); ``plan_fusion``
-    measures with as many.
+    measures with as many. ``trial_resources``: one trial's Ray resources as its trainable asks for them
+    (``{"CPU": 1, "GPU": 0.5}``; ``fit`` passes them): the search's fused trials then hold at most an even share of
+    ``num_samples`` per trial that trains at once, so that every slot trains (default: unknown until the first
+    trials report theirs; the ladder's rungs use those).
     """
 
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int = 1,
                  fusion: int | str | FusionPlanner = "auto", max_fusion: int = 64,
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
                  seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1,
-                 **transfer) -> None:
+                 trial_resources: Mapping[str, float] | None = None, **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
+        if trial_resources is not None and not all(isinstance(v, (int, float)) and v >= 0
+                                                   for v in trial_resources.values()):
+            raise ValueError(f"HydroSearcher: trial_resources holds Ray resource amounts >= 0 per trial, e.g. "
+                             f"{{'CPU': 1, 'GPU': 0.5}}; got {dict(trial_resources)}")
         if searcher is not None and not isinstance(searcher, Searcher):
             raise TypeError(f"HydroSearcher: searcher must be a Ray Tune Searcher (e.g. OptunaSearch()) or None "
                             f"(random search of the param space), got {type(searcher).__name__}")
@@ -130,7 +146,8 @@ class HydroSearcher(Searcher):
         self.inner = searcher if searcher is not None else RandomSearch(seed=seed)
         self.state = SearchState(MemberPool(num_samples, max_fusion), MemberLedger(),
                                  MemberStopping(rule, spec.mode) if rule is not None else None,
-                                 f"hydro-member-decisions-{uuid.uuid4().hex[:12]}", {})
+                                 f"hydro-member-decisions-{uuid.uuid4().hex[:12]}", {},
+                                 trial_request={k.upper(): float(v) for k, v in (trial_resources or {}).items()})
         self._service = None
         self._scheduler_checked = False
 
@@ -147,7 +164,8 @@ class HydroSearcher(Searcher):
         return self.inner.set_search_properties(self.spec.metric, self.spec.mode, config, **spec)
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:
-        return False  # the limit applies to fused trials, which Tune counts itself
+        self.state.max_concurrent = max_concurrent  # the search and the rungs spread over at most that many trials
+        return False  # the limit applies to fused trials, which Tune counts itself (ConcurrencyLimiter)
 
     def suggest(self, trial_id: str) -> dict | None:
         if not self._scheduler_checked:  # before the first trial
@@ -173,6 +191,8 @@ class HydroSearcher(Searcher):
         return None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if TRIAL_CPUS_KEY in result:
+            self.state.trial_request = {"CPU": result[TRIAL_CPUS_KEY], "GPU": result.get(TRIAL_GPUS_KEY, 0.0)}
         if trial_id in self.state.transfer.targets:
             return  # its final value counts, at completion
         self._forward(self.state.ledger.observe(_member_results(result)))
@@ -186,14 +206,14 @@ class HydroSearcher(Searcher):
             return
         if result:
             self.on_trial_result(trial_id, result)
+            if "time_total_s" in result:
+                self.state.trial_seconds[trial_id] = result["time_total_s"]
         self._forward(self.state.ledger.trial_complete(trial_id, error or bool((result or {}).get(ERROR_KEY))))
         if transfer.rung is not None:
             self._advance()
 
     def save(self, checkpoint_path: str) -> None:
         if self._service is not None:
-            import ray
-
             self.state.stopping = ray.get(self._service.get_state.remote())
         with tempfile.TemporaryDirectory() as directory:  # the inner searcher's state, in the same file
             self.inner.save(os.path.join(directory, "inner"))
@@ -278,8 +298,8 @@ class HydroSearcher(Searcher):
             if self._data is None:
                 self._data = self.spec.load_data()
             pool = self.state.pool
-            self._planner = MeasuredFusion(self.spec, self.scale, self._data, min(pool.max_fusion, pool.num_samples),
-                                           self.trial_cpus)
+            self._planner = MeasuredFusion(self.spec, self.scale, self._data, min(
+                pool.max_fusion, pool.num_samples, self._search_share() * self.transfer.seeds), self.trial_cpus)
         return self._planner.fusion_for(key, config)
 
     def _replan(self, trial_id: str, result: Mapping) -> None:
@@ -296,8 +316,13 @@ class HydroSearcher(Searcher):
         return self.state.pool.exhausted and not self.state.ledger.running()
 
     def _repeat_fusion(self, key, config: Mapping) -> int:
-        """Search members per fused trial: the planned count divided among each configuration's seeds."""
-        return max(1, self._fusion_for(key, config) // self.transfer.seeds)
+        """Search members per fused trial: the planned count divided among each configuration's seeds, at most
+        an even share of the search per trial slot (so that every slot trains)."""
+        return max(1, min(self._fusion_for(key, config) // self.transfer.seeds, self._search_share()))
+
+    def _search_share(self) -> int:
+        """Configurations per fused trial of the search that spread it evenly over the trial slots."""
+        return -(-self.state.pool.num_samples // self._trial_slots())
 
     def _search_finished(self) -> dict[str, dict | None]:
         """Final results of the finished search members (first seeds), for when the stages are due."""
@@ -372,15 +397,45 @@ class HydroSearcher(Searcher):
         groups: dict = {}
         for member in members:
             groups.setdefault(self.spec.group_key(member[1]), []).append(member)
-        size = max(1, self.state.pool.max_fusion)
-        transfer.waiting = [g[i:i + size] for g in groups.values() for i in range(0, len(g), size)]
+        slots = rung_trials(self._rung_seconds(len(members), rung.scale), self._trial_slots())
+        size = min(max(1, self.state.pool.max_fusion), -(-len(members) // slots))
+        transfer.waiting = [part for g in groups.values() for part in split_evenly(g, -(-len(g) // size))]
         seeds = f" ({rung.seeds} seeds each)" if rung.seeds > 1 else ""
+        trials = f" in {len(transfer.waiting)} fused trials" if len(transfer.waiting) > 1 else ""
         if rung.kind == RungKind.ESCALATION:
-            logger.warning("transfer check: %s: fidelity escalation: training the %d other configurations at S=%d%s "
+            logger.warning("transfer check: %s: fidelity escalation: training the %d other configurations at S=%d%s%s "
                            "to rank all of them there, then the ladder again from there", rung.why, len(configs),
-                           rung.scale, seeds)
+                           rung.scale, seeds, trials)
         else:
-            logger.info("width ladder: training %d configurations at S=%d%s", len(configs), rung.scale, seeds)
+            logger.info("width ladder: training %d configurations at S=%d%s%s", len(configs), rung.scale, seeds,
+                        trials)
+
+    def _rung_seconds(self, members: int, scale: int) -> float | None:
+        """Estimated seconds of training of ``members`` members at ``scale`` fused in one trial, from the finished
+        trials at the finest scale so far whose members all trained every epoch (early-stopped members would
+        leave each epoch's fixed cost to fewer member-epochs): their seconds per member-epoch, times (their
+        scale / ``scale``)² (a layer's cost grows with the square of its width); ``None``: no such trial yet."""
+        ledger, measured = self.state.ledger, {}
+        for trial, seconds in self.state.trial_seconds.items():
+            ids = ledger.trials.get(trial, [])
+            if not ids or any(m in ledger.failed or (ledger.finished.get(m) or {}).get("epoch") != self.spec.epochs
+                              for m in ids):
+                continue
+            total = measured.setdefault(_member_scale(ids[0], self.scale), [0.0, 0])
+            total[0], total[1] = total[0] + seconds, total[1] + len(ids) * self.spec.epochs
+        if not measured:
+            return None
+        finest = min(measured)
+        seconds, member_epochs = measured[finest]
+        return seconds / member_epochs * (finest / scale) ** 2 * members * self.spec.epochs
+
+    def _trial_slots(self) -> int:
+        """How many trials train at once on separate compute of the cluster (1 while a trial's resources are not
+        known, or outside a Ray session)."""
+        if not self.state.trial_request or not ray.is_initialized():
+            return 1
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        return trial_slots(nodes, self.state.trial_request, self.state.max_concurrent)
 
     def _finish_transfer(self) -> None:
         transfer = self.state.transfer
@@ -432,6 +487,12 @@ class HydroSearcher(Searcher):
 def _repeat_id(member: str, seed: int) -> str:
     """Member id of seed ``seed`` of ``member``'s configuration (seed 0: the member itself)."""
     return member if seed == 0 else f"{member}#{seed}"
+
+
+def _member_scale(member: str, search_scale: int) -> int:
+    """The scale a member trains at: its ladder rung's (``<id>@<scale>``), else the search's."""
+    _, at, rest = member.partition("@")
+    return int(rest.split("#")[0]) if at else search_scale
 
 
 def _config_id(member: str) -> str:

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 MEMBERS_KEY = "members"
 ERROR_KEY = "hydro_error"  # a trial that could not train its members: the cause, one line (its members failed)
 TRACEBACK_KEY = "hydro_traceback"  # ... and the traceback of that cause
+TRIAL_CPUS_KEY, TRIAL_GPUS_KEY = "trial_cpus", "trial_gpus"  # the Ray resources the trial was given (per trial)
 MEMBER_ONLY = ("done", "stopped", "epoch", "training_iteration")  # per-member bookkeeping, not trial metrics
 
 

@@ -30,7 +30,7 @@ from hydro.trial.device import resolve_device
 from hydro.trial.fusion import fusion_in_trial
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
-from hydro.tune.session import MemberSession
+from hydro.tune.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,9 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
 
 def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: EnergyObserver | None,
            gpu_ids: list) -> None:
-    extra = {"fused": trial.fused, "device": str(trial.device), "gpu_ids": ",".join(map(str, gpu_ids))}
+    resources = tune.get_context().get_trial_resources().required_resources
+    extra = {"fused": trial.fused, "device": str(trial.device), "gpu_ids": ",".join(map(str, gpu_ids)),
+             TRIAL_CPUS_KEY: resources.get("CPU", 0.0), TRIAL_GPUS_KEY: resources.get("GPU", 0.0)}
     while trial.epoch < spec.epochs:
         metrics = trial.run_epoch()
         extra.update(max_fusion=trial.max_fusion, data_wait_fraction=trial.data_wait_s / max(trial.train_s, 1e-9))

@@ -1,0 +1,50 @@
+"""Trial slots (plain Python): how many trials of one resource request train on separate compute at once on a
+cluster, and a group of members split evenly over trials. The width ladder's rungs use them to keep every slot
+busy: a rung fused into one trial would train on one slot while the others idle."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+TRIAL_OVERHEAD_S = 5.0
+"""Seconds one more trial costs before it trains: a worker starting Python, Ray and torch (about 3 s on the 2-core
+machine) and the trial's set-up (data, members: about 2 s)."""
+
+
+def trial_slots(nodes: Iterable[Mapping[str, float]], request: Mapping[str, float],
+                max_concurrent: int | None = None) -> int:
+    """Trials asking for ``request`` (one trial's Ray resources, e.g. ``{"CPU": 1, "GPU": 0}``) that train on
+    separate compute at once over ``nodes`` (each alive node's total Ray resources), at most ``max_concurrent``.
+
+    Per node, the trials all of its resources fit. Trials given a fraction of a GPU count 1 in all: Ray packs
+    fractions onto one card, so spreading members over such trials adds no compute (fusion shares a card
+    better). At least 1, so the caller can always split into that many."""
+    need = {name: amount for name, amount in request.items() if amount > 0}
+    if 0 < need.get("GPU", 0) < 1:
+        slots = 1
+    else:
+        slots = sum(min((math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items()),
+                        default=0) for node in nodes)
+    return max(1, min(slots, max_concurrent) if max_concurrent else slots)
+
+
+def rung_trials(work_s: float | None, slots: int, overhead_s: float = TRIAL_OVERHEAD_S) -> int:
+    """How many trials to spread a rung over: ``slots`` when that saves more of its ``work_s`` (seconds of
+    training as one trial; ``None``: not known) than the ``overhead_s`` of starting another trial, else 1."""
+    if work_s is None or slots <= 1:
+        return 1
+    return slots if work_s * (1 - 1 / slots) > overhead_s else 1
+
+
+def split_evenly(items: Sequence[T], parts: int) -> list[list[T]]:
+    """``items`` in order, in ``parts`` consecutive lists whose lengths differ by at most 1 (the longer
+    first); fewer when there are fewer items."""
+    if not items:
+        return []
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    bounds = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [list(items[bounds[i]:bounds[i + 1]]) for i in range(parts)]

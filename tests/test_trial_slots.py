@@ -1,0 +1,44 @@
+"""Trial slots: how many trials train at once on separate compute, and members split evenly over trials."""
+import pytest
+
+from schedulers.trial_slots import rung_trials, split_evenly, trial_slots
+
+TWO_CPUS = [{"CPU": 2.0, "memory": 8e9}]
+GPU_NODES = [{"CPU": 16.0, "GPU": 2.0}, {"CPU": 16.0, "GPU": 4.0}]
+
+
+@pytest.mark.parametrize("nodes, request_, max_concurrent, slots", [
+    (TWO_CPUS, {"CPU": 1, "GPU": 0}, None, 2),          # the 2-core machine, Tune's default trial
+    (TWO_CPUS, {"CPU": 1, "GPU": 0}, 1, 1),             # max_concurrent_trials=1
+    (TWO_CPUS, {"CPU": 1, "GPU": 0}, 8, 2),             # a limit above the cluster's room changes nothing
+    (TWO_CPUS, {"CPU": 0.5}, None, 4),                  # fractions of a CPU: as many trials as fit
+    (TWO_CPUS, {"CPU": 3}, None, 1),                    # no node fits one: still 1 (the trial waits for one)
+    (GPU_NODES, {"CPU": 1, "GPU": 1}, None, 6),         # one per card, per node
+    (GPU_NODES, {"CPU": 1, "GPU": 2}, None, 3),         # 1 + 2 pairs of cards
+    (GPU_NODES, {"CPU": 8, "GPU": 1}, None, 4),         # CPUs bound it: 2 per node
+    (GPU_NODES, {"CPU": 1, "GPU": 0.5}, None, 1),       # fractions share a card: spreading adds nothing
+    (GPU_NODES, {"CPU": 1, "GPU": 1}, 4, 4),
+    (TWO_CPUS, {"CPU": 1, "GPU": 1}, None, 1),          # GPU trials on a CPU-only cluster: none fits
+])
+def test_trial_slots_count_trials_on_separate_compute(nodes, request_, max_concurrent, slots):
+    assert trial_slots(nodes, request_, max_concurrent) == slots
+
+
+@pytest.mark.parametrize("count, parts, lengths", [
+    (25, 2, [13, 12]), (8, 2, [4, 4]), (7, 3, [3, 2, 2]), (3, 5, [1, 1, 1]), (4, 1, [4]), (0, 2, [])])
+def test_split_evenly_keeps_order_and_balances_lengths(count, parts, lengths):
+    items = [f"m{i}" for i in range(count)]
+    split = split_evenly(items, parts)
+    assert [len(p) for p in split] == lengths
+    assert [m for p in split for m in p] == items
+
+
+@pytest.mark.parametrize("work_s, slots, trials", [
+    (40.0, 2, 2),    # 20 s saved for a 5 s start
+    (8.0, 2, 1),     # 4 s saved: not worth another trial
+    (8.0, 4, 4),     # 6 s saved over 4 slots
+    (None, 2, 1),    # nothing measured yet
+    (1e6, 1, 1),
+])
+def test_a_rung_is_spread_only_when_that_saves_more_than_a_trial_start(work_s, slots, trials):
+    assert rung_trials(work_s, slots, overhead_s=5.0) == trials
