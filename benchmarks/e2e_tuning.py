@@ -141,10 +141,10 @@ def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> 
 def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, options: dict, args, name: str,
               configs: list[dict] | None = None) -> tuple[dict, float, float]:
     """HydroSearcher over the same space; with ``searcher=None`` its seeded random search draws exactly
-    ``configs`` (checked). At most N / concurrency members per fused trial, so as many trials as (a) can run
-    at once."""
+    ``configs`` (checked). ``fit`` puts at most N / concurrency members in one fused trial of the search (its
+    trial slots), so as many trials as (a) can run at once."""
     results, _ = fit(spec, space, scale=scale, fusion="auto", searcher=searcher, scheduler=scheduler,
-                     name=name, max_fusion=max(1, args.samples // args.concurrency), **options)
+                     name=name, **options)
     if configs is not None:
         plans = [plan_of(r.config) for r in results if r.config]  # the search's trials (not the width ladder's)
         members = [c for p in plans if p.fused and p.scale == scale for _, c in p.members]
