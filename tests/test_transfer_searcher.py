@@ -1,5 +1,6 @@
 """HydroSearcher's transfer stages: seed repeats, width ladder and top-k targets, without a cluster (scripted
 results) and once on a local Ray cluster."""
+import collections
 import logging
 import math
 
@@ -246,11 +247,13 @@ def test_ladder_seeds_and_top_k_on_a_local_cluster(ray_cluster, tmp_path):
         run_config=tune.RunConfig(name="ladder", storage_path=str(tmp_path), verbose=0)).fit()
     assert not results.errors
     table = member_table(results, workload)
-    scales = sorted((r.config["hydro"].kind, r.config["hydro"].scale, len(r.config["hydro"].members))
-                    for r in results)
-    # the search (4 configurations x 2 seeds at S=4), the ladder's S=2 (top 2 x 2 seeds; a second trial would
-    # cost more than these few seconds of training), 2 full-size targets
-    assert scales == [("surrogate", 2, 4), ("surrogate", 4, 8), ("target", 1, 1), ("target", 1, 1)]
+    members = collections.Counter()
+    for r in results:
+        members[r.config["hydro"].kind, r.config["hydro"].scale] += len(r.config["hydro"].members)
+    # the search (4 configurations x 2 seeds at S=4), the ladder's S=2 (top 2 x 2 seeds), 2 full-size targets (how
+    # many trials a stage takes depends on its measured time: test_a_rung_is_spread_over_the_trials_...)
+    assert members == {("surrogate", 4): 8, ("surrogate", 2): 4, ("target", 1): 2}
+    assert sum(r.config["hydro"].kind == "target" for r in results) == 2
     assert len(table) == 8 + 4 + 2 and table["val_acc"].notna().all()
     best = best_configuration(results, workload)
     targets = table[table["kind"] == "target"]
