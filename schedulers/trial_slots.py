@@ -1,6 +1,7 @@
 """Trial slots (plain Python): how many trials of one resource request train on separate compute at once on a
-cluster, and a group of members split evenly over trials. The width ladder's rungs use them to keep every slot
-busy: a rung fused into one trial would train on one slot while the others idle."""
+cluster, whether a rung is worth spreading over them, and a group of members split evenly over trials. The
+search and the width ladder's rungs use them to keep every slot busy: members fused into one trial train on one
+slot while the others idle."""
 from __future__ import annotations
 
 import math
