@@ -129,7 +129,9 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     ``trainable``). With GPUs and ``fusion="auto"``, fusion is planned where the trials run (the driver may have
     no GPU): the searcher hands out up to ``max_fusion`` members per trial, each trial measures how many fit and
     train fast on its device and trains them in chunks of that many, and the group's later trials get that
-    many members. ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
+    many members. Fused or planned, a search trial holds at most an even share of ``num_samples`` per trial that
+    trains at once (``cpus_per_trial``/``gpus_per_trial`` tell the searcher the cluster's trial slots; see
+    ``HydroSearcher``). ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
     ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
     ``fallback_targets``). Raises ``ValueError`` (or ``TypeError``) before Ray starts for arguments that cannot
     work (:func:`check_arguments`, :func:`prepare`, ``HydroSearcher``'s own checks), and when no node of a

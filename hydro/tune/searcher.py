@@ -91,7 +91,8 @@ class HydroSearcher(Searcher):
     over ``num_samples`` member configurations, trained as fused surrogates of width ÷ ``scale``.
 
     ``fusion``: members per fused trial, or ``"auto"`` (measured with ``hydro.plan_fusion`` per group, at
-    most ``max_fusion``), or a :class:`~hydro.trial.fusion.FusionPlanner`. ``scheduler``: per-member early
+    most ``max_fusion``), or a :class:`~hydro.trial.fusion.FusionPlanner`; any of them at most an even share of
+    ``num_samples`` per trial slot once the slots are known (see ``trial_resources``). ``scheduler``: per-member early
     stopping, a rule of :mod:`schedulers.member_stopping` or Ray's ``ASHAScheduler``/``MedianStoppingRule``
     (leave its metric/mode unset). ``transfer_fraction``: fraction of members that must have finished before
     the transfer stages start (``None``: no stages, no target). The stages, set by ``transfer`` options of
