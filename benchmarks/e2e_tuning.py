@@ -9,7 +9,9 @@ drawn once (random search, fixed seed) and tuned by
 All runs allow the same number of concurrent trials (``--concurrency``, default 2 = the cores). Each run's
 best configuration is then trained at full size with one fixed seed (the "target"), and its validation
 accuracy reported (for Hydro runs this repeats the run's own target trial: ``in_run_best`` is the
-same number). Prints a table and writes JSON to ``benchmarks/results/e2e_tuning.json``.
+same number). Prints a table and writes JSON to ``benchmarks/results/e2e_tuning.json``; each run's ``stages`` (its
+trials by stage: search, ladder rungs, target; members per trial, first start and last end) say where its time
+went.
 
     python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 15] [--hidden 1024] [--scheduler none|asha]
                                     [--runs abcd] [--workload digits-mlp|cifar-resnet] [--device auto|cpu|cuda]
@@ -89,13 +91,19 @@ def main() -> int:
     runs = [r for r in runs if r[0][1] in "a" + args.runs]
     for name, scale, run in runs:
         print(f"\n=== {name}", flush=True)
-        start = time.perf_counter()
-        best_config, in_run, data_wait = run()
+        start, started_at = time.perf_counter(), time.time()
+        best_config, in_run, data_wait, results = run()
         wall = time.perf_counter() - start
         target = train_full_size(spec, best_config, mup=scale > 1)
+        timeline = stages(results, started_at)
         rows.append({"run": name, "wall_s": wall, "best_config": best_config, "in_run_best": in_run,
-                     "target_" + spec.metric: target[spec.metric], "data_wait_fraction": data_wait})
+                     "target_" + spec.metric: target[spec.metric], "data_wait_fraction": data_wait,
+                     "stages": timeline})
         print(f"{name}: {wall:.0f} s, best {best_config}, target {spec.metric} {target[spec.metric]:.4f}", flush=True)
+        print("  stages: " + "; ".join(
+            f"{s['stage']}: {len(s['members'])} trial{'s' * (len(s['members']) > 1)} of "
+            f"{'+'.join(map(str, s['members'])) if len(s['members']) <= 8 else sum(s['members'])} members, "
+            f"{s['start_s']:.1f}-{s['end_s']:.1f} s" for s in timeline), flush=True)
     ray.shutdown()
     report(rows, spec, args)
     return 0
@@ -123,7 +131,31 @@ def data_wait_fraction(results) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> tuple[dict, float, float]:
+def stages(results, started_at: float) -> list[dict]:
+    """Where a run's wall time went: its trials by start, consecutive ones of the same kind and scale as one
+    stage, with their member counts and the stage's first start and last end in seconds after ``started_at``
+    (a trial's start: its last report's time less its ``time_total_s``, so worker start and set-up before the
+    first epoch are not in it; Ray's report time is in whole seconds, so each time is good to about 1 s)."""
+    trials = []
+    for r in results:
+        if not r.metrics or "timestamp" not in r.metrics:
+            continue
+        plan = plan_of(r.config)
+        stage = f"S={plan.scale}" if plan.kind == TrialKind.SURROGATE else plan.kind.value
+        end = r.metrics["timestamp"] - started_at
+        trials.append((end - r.metrics["time_total_s"], end, stage, len(plan.members)))
+    timeline: list[dict] = []
+    for start, end, stage, members in sorted(trials):
+        if timeline and timeline[-1]["stage"] == stage:
+            last = timeline[-1]
+            last["members"].append(members)
+            last["end_s"] = max(last["end_s"], end)
+        else:
+            timeline.append({"stage": stage, "members": [members], "start_s": start, "end_s": end})
+    return timeline
+
+
+def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> tuple[dict, float, float, object]:
     """Stock Ray Tune: every configuration as its own full-size trial of the same trainable."""
     tuner = tune.Tuner(
         trainable(spec, gpus_per_trial=args.gpus_per_trial), param_space=space,
@@ -135,11 +167,11 @@ def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> 
     results = tuner.fit()
     assert sorted(map(repr, (r.config for r in results))) == sorted(map(repr, configs))
     best = results.get_best_result()
-    return {k: best.config[k] for k in space}, best.metrics[spec.metric], data_wait_fraction(results)
+    return {k: best.config[k] for k in space}, best.metrics[spec.metric], data_wait_fraction(results), results
 
 
 def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, options: dict, args, name: str,
-              configs: list[dict] | None = None) -> tuple[dict, float, float]:
+              configs: list[dict] | None = None) -> tuple[dict, float, float, object]:
     """HydroSearcher over the same space; with ``searcher=None`` its seeded random search draws exactly
     ``configs`` (checked). ``fit`` puts at most N / concurrency members in one fused trial of the search (its
     trial slots), so as many trials as (a) can run at once."""
@@ -150,7 +182,7 @@ def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, opti
         members = [c for p in plans if p.fused and p.scale == scale for _, c in p.members]
         assert sorted(map(repr, members)) == sorted(map(repr, configs))
     best = best_configuration(results, spec)
-    return best["config"], best["value"], data_wait_fraction(results)
+    return best["config"], best["value"], data_wait_fraction(results), results
 
 
 def train_full_size(spec: TuneSpec, config: dict, mup: bool) -> dict[str, float]:
