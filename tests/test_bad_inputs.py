@@ -11,7 +11,7 @@ were silent (no error anywhere before tuning: wrong results or wasted work), unc
 error, a message that named neither the problem nor the fix; for a ``TuneSpec`` field accepted as given, what
 ``prepare`` then said) or late (clear, but after Ray had started) when the census was taken, and were fixed with it.
 
-Counts: 197 bad inputs tried (164 API, 33 CLI); 108 clear before the census (or checked since their option
+Counts: 199 bad inputs tried (166 API, 33 CLI); 110 clear before the census (or checked since their option
 exists); 89 fixed with it (33 silent, 54 unclear, 2 late); 0 silent or unclear now.
 """
 from __future__ import annotations
@@ -331,6 +331,10 @@ CASES = [
     case("searcher-num-samples-float", lambda: searcher(num_samples=2.5), ValueError, "got 2.5"),  # fixed
     case("searcher-max-fusion-zero", lambda: searcher(max_fusion=0), ValueError, "max_fusion (members per fused"),
     case("searcher-trial-cpus-zero", lambda: searcher(trial_cpus=0), ValueError, "trial_cpus must be >= 1, got 0"),
+    case("searcher-trial-resources-negative", lambda: searcher(trial_resources={"CPU": -1}), ValueError,
+         "trial_resources holds Ray resource amounts >= 0 per trial, e.g. {'CPU': 1, 'GPU': 0.5}; got {'CPU': -1}"),
+    case("searcher-trial-resources-not-a-mapping", lambda: searcher(trial_resources=2), ValueError,
+         "trial_resources holds Ray resource amounts >= 0 per trial, e.g. {'CPU': 1, 'GPU': 0.5}; got 2"),
     case("searcher-not-a-searcher", lambda: searcher({"lr": 0.1}), TypeError,  # fixed
          "HydroSearcher: searcher must be a Ray Tune Searcher (e.g. OptunaSearch()) or None"),
     case("transfer-eta-one", lambda: searcher(eta=1), ValueError, "eta must be an int >= 2, got 1"),

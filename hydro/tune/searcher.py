@@ -129,10 +129,10 @@ class HydroSearcher(Searcher):
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
-        if trial_resources is not None and not all(isinstance(v, (int, float)) and v >= 0
-                                                   for v in trial_resources.values()):
+        if trial_resources is not None and not (isinstance(trial_resources, Mapping) and all(
+                isinstance(v, (int, float)) and v >= 0 for v in trial_resources.values())):
             raise ValueError(f"HydroSearcher: trial_resources holds Ray resource amounts >= 0 per trial, e.g. "
-                             f"{{'CPU': 1, 'GPU': 0.5}}; got {dict(trial_resources)}")
+                             f"{{'CPU': 1, 'GPU': 0.5}}; got {trial_resources!r}")
         if searcher is not None and not isinstance(searcher, Searcher):
             raise TypeError(f"HydroSearcher: searcher must be a Ray Tune Searcher (e.g. OptunaSearch()) or None "
                             f"(random search of the param space), got {type(searcher).__name__}")
