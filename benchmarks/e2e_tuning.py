@@ -131,7 +131,7 @@ def data_wait_fraction(results) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def stages(results, started_at: float) -> list[dict]:
+def stages(results: tune.ResultGrid, started_at: float) -> list[dict]:
     """Where a run's wall time went: its trials by start, consecutive ones of the same kind and scale as one
     stage, with their member counts and the stage's first start and last end in seconds after ``started_at``
     (a trial's start: its last report's time less its ``time_total_s``, so worker start and set-up before the
@@ -155,7 +155,8 @@ def stages(results, started_at: float) -> list[dict]:
     return timeline
 
 
-def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> tuple[dict, float, float, object]:
+def stock(spec: TuneSpec, space: dict, configs: list[dict], args,
+          scheduler) -> tuple[dict, float, float, tune.ResultGrid]:
     """Stock Ray Tune: every configuration as its own full-size trial of the same trainable."""
     tuner = tune.Tuner(
         trainable(spec, gpus_per_trial=args.gpus_per_trial), param_space=space,
@@ -171,7 +172,7 @@ def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler) -> 
 
 
 def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, options: dict, args, name: str,
-              configs: list[dict] | None = None) -> tuple[dict, float, float, object]:
+              configs: list[dict] | None = None) -> tuple[dict, float, float, tune.ResultGrid]:
     """HydroSearcher over the same space; with ``searcher=None`` its seeded random search draws exactly
     ``configs`` (checked). ``fit`` puts at most N / concurrency members in one fused trial of the search (its
     trial slots), so as many trials as (a) can run at once."""

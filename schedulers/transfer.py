@@ -355,8 +355,7 @@ class TransferPolicy:
     def describe(self, candidates: int) -> str:
         """The stages after the search and their cost, the most an escalation and the fallback targets can add
         included, to show before they run."""
-        planned = self.schedule(candidates)
-        probes = planned[0][1] - self._ladder(self.scale, candidates)[0][1]
+        planned, probes = self.schedule(candidates), len(self._probe_ranks(candidates))
         stages = ", ".join(f"{count}" + (f"×{seeds} seeds" if seeds > 1 else "")
                            + (" at full size" if scale == FULL_SIZE else f" at S={scale}")
                            + (f" ({probes} of them probes from below the cut)" if i == 0 and probes else "")

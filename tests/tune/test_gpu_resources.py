@@ -85,6 +85,7 @@ def test_trials_given_half_a_gpu_each_train_on_the_device_they_resolve(one_gpu_c
     assert not results.errors and len(results) == 2
     for result in results:
         assert result.metrics["gpu_ids"] == "0"  # Ray gave each trial (half of) the cluster's one GPU
+        assert (result.metrics["trial_cpus"], result.metrics["trial_gpus"]) == (1.0, 0.5)  # ... and it reports that
         assert result.metrics["device"] == "cpu"  # ... and the trial resolved it: CPU standing in for CUDA
         assert result.metrics["epoch"] == 2 and result.metrics["live_members"] == 0
 
