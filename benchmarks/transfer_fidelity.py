@@ -372,7 +372,7 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="mlp,resmlp,cnn,lm", help=f"comma-separated subset of {list(WORKLOADS)}")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}".replace("%", "%%"))  # "0.5%" in names
     parser.add_argument("--samples", type=int, default=16, help="configurations per workload")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smaller models, fewer epochs")
@@ -394,6 +394,9 @@ def main() -> None:
                "load_start": os.getloadavg()[0], "machine": platform.machine(), "torch": torch.__version__,
                "workloads": {}}
     stem = "transfer_fidelity" + ("_" + args.workloads.replace(",", "_") if args.workloads != parser.get_default("workloads") else "")
+    if args.reuse and not (args.out / f"{stem}.json").is_file():
+        parser.error(f"--reuse: there is no {args.out / f'{stem}.json'} (the same --out and --workloads) to reuse; "
+                     f"run once without --reuse")
     earlier = json.loads((args.out / f"{stem}.json").read_text()) if args.reuse else {}
     if earlier and (earlier["samples"], earlier["seed"], earlier["quick"]) != (args.samples, args.seed, args.quick):
         parser.error(f"--reuse: {args.out / f'{stem}.json'} was measured with other --samples/--seed/--quick")
