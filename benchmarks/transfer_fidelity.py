@@ -237,6 +237,8 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=8 ladder+escalate-probe+fallback-2-at-0.5%": {"scale": 8, "ladder": True, "escalate": True,
                                                      "fallback_targets": 2, "disagreement": Disagreement.PROBE,
                                                      "max_target_drop": 0.005},
+    "S=8 ladder-eta-2+escalate-probe+fallback-2": {"scale": 8, "ladder": True, "eta": 2, "escalate": True,
+                                                   "fallback_targets": 2, "disagreement": Disagreement.PROBE},
     "S=8 ladder+fallback-3": {"scale": 8, "ladder": True, "fallback_targets": 3},
     "S=4 ladder+fallback-2": {"scale": 4, "ladder": True, "fallback_targets": 2},
     "S=8 fallback-2": {"scale": 8, "fallback_targets": 2},

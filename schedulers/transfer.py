@@ -16,10 +16,11 @@ different validation optimum and single-seed scores are noisy. Remedies, all dec
   that does worse than its own surrogate is the sign of a choice that did not transfer;
 - *fidelity escalation*: when the first rung's ranking disagrees with the search's (:class:`Disagreement`; by
   default the first rung also trains a few configurations from below its cut, *probes*, and one of them ranking
-  where the next rung keeps it is the disagreement) or the target regresses, every configuration is ranked again
-  at S/2 (those not trained there yet train at S/2, once) and the ladder goes on from that ranking, down to new
-  full-size targets: a surrogate scale too coarse for the workload (e.g. an overfitting model whose best
-  configurations at full size rank last at S=8) is replaced by the next finer one;
+  where the next rung keeps it, clearly ahead of the best one left out, is the disagreement) or the target
+  regresses, every configuration is ranked again at S/2 (those not trained there yet train at S/2, once) and the
+  ladder goes on from that ranking, down to new full-size targets: a surrogate scale too coarse for the workload
+  (e.g. an overfitting model whose best configurations at full size rank last at S=8) is replaced by the next finer
+  one;
 - *fallback targets*: when the target still regresses, the next ``fallback_targets`` configurations in ladder
   order (the finest surrogate scale's ranking, then the next coarser scale's for the ones it did not reach, ...)
   train at full size too, once, and the best full-size one on validation is returned.
@@ -84,11 +85,11 @@ class Disagreement(Enum):
 
     ``PROBE`` (the default): the first rung also trains ``probes`` configurations from below its cut at S (every
     other one: with 16 configurations and a cut of 6, the 7th, 9th and 11th), and one of them ranks at S/2 among
-    those the next rung keeps (the cut at S dropped a configuration S/2 would promote), or the check is low as
-    ``CONFIDENT`` says (over the first rung and its probes: with 9 configurations the bound is below 0.5 from rho
-    -0.13, with 6 from -0.41). ``LIKELY``: rho itself is below ``min_agreement`` over at least 4 configurations.
-    ``CONFIDENT``: its one-sided 95% upper bound is below ``min_agreement`` too (the check is low: the warning's
-    rule).
+    those the next rung keeps, ahead of the best configuration left out by more than ``probe_margin`` (the cut at S
+    dropped a configuration S/2 would promote), or the check is low as ``CONFIDENT`` says (over the first rung and
+    its probes: with 9 configurations the bound is below 0.5 from rho -0.13, with 6 from -0.41). ``LIKELY``: rho
+    itself is below ``min_agreement`` over at least 4 configurations. ``CONFIDENT``: its one-sided 95% upper bound
+    is below ``min_agreement`` too (the check is low: the warning's rule).
 
     On ``benchmarks/transfer_fidelity.py`` (10 seeds of 4 small workloads, 4 of a width-1024 residual MLP):
     ``CONFIDENT`` let residual-MLP searches through whose best full-size configurations ranked below the cut at
@@ -214,6 +215,11 @@ class TransferPolicy:
     (``disagreement``, a :class:`Disagreement`) or the target regresses; only where S/2 >= 4 (S >= 8).
     ``probes``: with :attr:`Disagreement.PROBE`, how many configurations from below the first rung's cut at S
     (every other one) the first rung trains too (each costs ``seeds`` ÷ (S/2)² full-size trainings).
+    ``probe_margin``: a probe that S/2 ranks among those the next rung keeps is promoted only when it leads the
+    best configuration S/2 leaves out by more than this fraction (1%: ``benchmarks/e2e_tuning.py`` with Optuna
+    TPE escalated on a probe ahead by at most one validation sample of 450, 0.22%, for the same answer at half
+    the speed; on ``benchmarks/transfer_fidelity.py`` the probes that escalated led by 1.2-5.8%, the two that
+    caught real failures, residual-MLP seeds 3 and 6, by 2.5% and 4.1%, and the margin changed no answer).
     ``fallback_targets``: on a regression of the returned target that escalation did not cure, the next
     configurations in ladder order trained at full size (at most this many, once). An unshrunk search
     (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full size.
@@ -240,6 +246,7 @@ class TransferPolicy:
     escalate: bool = True
     disagreement: Disagreement = Disagreement.PROBE
     probes: int = 3
+    probe_margin: float = 0.01
     fallback_targets: int = 2
 
     def __post_init__(self) -> None:
@@ -248,8 +255,10 @@ class TransferPolicy:
         for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2), ("fallback_targets", 0), ("probes", 0)):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
                 raise ValueError(f"TransferPolicy: {name} must be an int >= {low}, got {getattr(self, name)!r}")
-        if not self.max_target_drop >= 0:
-            raise ValueError(f"TransferPolicy: max_target_drop must be >= 0, got {self.max_target_drop!r}")
+        for name in ("max_target_drop", "probe_margin"):
+            value = getattr(self, name)  # inf turns the check off
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"TransferPolicy: {name} must be >= 0, got {value!r}")
         if self.mode not in ("min", "max"):
             raise ValueError(f"TransferPolicy: mode must be 'min' or 'max', got {self.mode!r}")
         for name in ("ladder", "escalate"):
@@ -438,11 +447,15 @@ class TransferPolicy:
             if not disagrees and self.probing():  # a probe that S/2 promotes
                 cut, keep = (count for _, count, _ in self._ladder(self.scale, len(stages[0]))[:2])
                 at_s, at_half = self.ranking(stages[0]), self.ranking(first)
-                promoted = [c for c in self._probes(at_s) if c in at_half[:keep]]
+                left_out = first[at_half[keep]].mean if keep < len(at_half) else None  # S/2's best not kept
+                leads = {c: self._lead(first[c].mean, left_out) for c in self._probes(at_s)
+                         if c in at_half[:keep] and left_out is not None}
+                promoted = [c for c, lead in leads.items() if lead > self.probe_margin]
                 disagrees = bool(promoted)
                 why = (f"the cut at S={self.scale} dropped what S={self.scale // 2} promotes: " + "; ".join(
                     f"{c} ranked {at_s.index(c) + 1} at S={self.scale} (cut: {cut}) and ranks {at_half.index(c) + 1} "
-                    f"at S={self.scale // 2} (kept: {keep})" for c in promoted))
+                    f"at S={self.scale // 2} (kept: {keep}), {100 * leads[c]:.1f}% ahead of the best left out"
+                    for c in promoted))
         return self._escalation(stages, tried, why) if disagrees else None
 
     def _escalation(self, stages: Stages, tried: Mapping[int, set[str]], why: str) -> Rung | None:
@@ -534,11 +547,16 @@ class TransferPolicy:
         if len(trail) < 2 or trail[-1][0] != FULL_SIZE:
             return None
         (scale, surrogate), (_, full) = trail[-2], trail[-1]
-        worse = surrogate.mean - full.mean if self.mode == "max" else full.mean - surrogate.mean
-        drop = worse / abs(surrogate.mean) if surrogate.mean else math.copysign(math.inf, worse)
+        drop = -self._lead(full.mean, surrogate.mean)
         if not drop > self.max_target_drop:
             return None
         return TargetRegression(config, scale, surrogate.mean, full.mean, drop)
+
+    def _lead(self, value: float, over: float) -> float:
+        """How much better ``value`` is than ``over`` in ``mode``, as a fraction of ``over`` (negative: worse;
+        ±inf when ``over`` is 0)."""
+        better = value - over if self.mode == "max" else over - value
+        return better / abs(over) if over else math.copysign(math.inf, better)
 
     def trail(self, stages: Stages, config: str) -> list[tuple[int, Score]]:
         """``config``'s score at each scale it was trained at, coarse to fine."""

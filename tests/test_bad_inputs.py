@@ -11,7 +11,7 @@ were silent (no error anywhere before tuning: wrong results or wasted work), unc
 error, a message that named neither the problem nor the fix; for a ``TuneSpec`` field accepted as given, what
 ``prepare`` then said) or late (clear, but after Ray had started) when the census was taken, and were fixed with it.
 
-Counts: 199 bad inputs tried (166 API, 33 CLI); 110 clear before the census (or checked since their option
+Counts: 201 bad inputs tried (168 API, 33 CLI); 112 clear before the census (or checked since their option
 exists); 89 fixed with it (33 silent, 54 unclear, 2 late); 0 silent or unclear now.
 """
 from __future__ import annotations
@@ -355,6 +355,10 @@ CASES = [
          "disagreement must be a schedulers.transfer.Disagreement (Disagreement.PROBE, Disagreement.LIKELY, "
          "Disagreement.CONFIDENT), got 'likely'"),
     case("transfer-probes-negative", lambda: searcher(probes=-1), ValueError, "probes must be an int >= 0, got -1"),
+    case("transfer-probe-margin-negative", lambda: searcher(probe_margin=-0.01), ValueError,
+         "probe_margin must be >= 0, got -0.01"),
+    case("transfer-probe-margin-string", lambda: searcher(probe_margin="1%"), ValueError,
+         "probe_margin must be >= 0, got '1%'"),
     case("transfer-min-agreement-above-one", lambda: searcher(min_agreement=2.0), ValueError,  # fixed
          "min_agreement is a Spearman rho, in [-1, 1]; got 2.0"),
     case("transfer-unknown-option", lambda: searcher(etta=3), TypeError,  # fixed

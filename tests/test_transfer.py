@@ -272,7 +272,7 @@ def test_probes_from_below_the_cut_escalate_when_s_over_2_would_promote_one_and_
     assert rungs[2].configs == ["c04", "c03", "c09", "c11", "c15", "c13"] and p.returned(stages) == "c04"
     assert not p.checks(stages[:2])[0].low  # the confident rule alone would have let it through
     assert rungs[1].why == "the cut at S=8 dropped what S=4 promotes: c09 ranked 7 at S=8 (cut: 6) and ranks 1 at " \
-                           "S=4 (kept: 2)"
+                           "S=4 (kept: 2), 14.3% ahead of the best left out"
     # Wide residual MLP, seed 0: the first rung's 8 close configurations ranked at S=4 with rho 0.36 (noise: all 24
     # agreed at 0.84) and the probes below what the next rung keeps: LIKELY escalates, PROBE does not.
     search = scores_of((f"c{i:02d}", i / 100) for i in range(24))  # the cut keeps c23..c16, the next rung 3
@@ -285,6 +285,30 @@ def test_probes_from_below_the_cut_escalate_when_s_over_2_would_promote_one_and_
     rungs, stages = run_stages(p, search, quality)
     assert [(r.scale, r.kind) for r in rungs] == [(4, RungKind.LADDER), (2, RungKind.LADDER), (1, RungKind.LADDER)]
     assert len(rungs[0].configs) == 11 and rungs[1].configs == ["c18", "c23", "c21"] and p.returned(stages) == "c18"
+
+
+def test_a_probe_ahead_of_the_best_left_out_by_noise_is_not_promoted():
+    # benchmarks/e2e_tuning.py with Optuna TPE: 64 configurations, cut 22, probes at ranks 23, 25 and 27, the next
+    # rung keeps 8. TPE's configurations scored alike at S=4, in steps of one validation sample of 450: the probe
+    # (c26 here) ranked 5th, one sample ahead of the 6th to the 9th, the best configuration left out (0.22%).
+    search = scores_of((f"c{i:02d}", 1 - i / 100) for i in range(64))  # c00 best at S=8
+    s4 = {f"c{i:02d}": 442 / 450 for i in range(22)}
+    s4.update({"c00": 444 / 450, "c01": 444 / 450, "c02": 443 / 450, "c03": 443 / 450, "c26": 443 / 450,
+               "c22": 0.95, "c24": 0.96})
+    quality = lambda config, scale: search[config].mean if scale == 8 else s4.get(config, 0.9)
+    for margin, kinds in ((0.0, [RungKind.LADDER, RungKind.ESCALATION]), (0.01, [RungKind.LADDER, RungKind.LADDER]),
+                          (math.inf, [RungKind.LADDER, RungKind.LADDER])):
+        p = policy(scale=8, num_samples=64, probe_margin=margin)
+        rungs, _ = run_stages(p, search, quality)
+        assert rungs[0].configs[22:] == ["c22", "c24", "c26"] and [r.kind for r in rungs[:2]] == kinds, margin
+    assert rungs[1].configs == ["c00", "c01", "c02", "c03", "c26", "c04", "c05", "c06"]  # the probe goes on
+    escalation = run_stages(policy(scale=8, num_samples=64, probe_margin=0.0), search, quality)[0][1]
+    assert escalation.why == "the cut at S=8 dropped what S=4 promotes: c26 ranked 27 at S=8 (cut: 22) and ranks 5 " \
+                             "at S=4 (kept: 8), 0.2% ahead of the best left out"
+    # a probe S/2 keeps because too few others have a score there (failed members) is not promoted: it leads nothing
+    failed = lambda config, scale: quality(config, scale) if scale != 4 or config in ("c00", "c26") else math.nan
+    rungs, _ = run_stages(policy(scale=8, num_samples=64, probe_margin=0.0), search, failed)
+    assert rungs[1].kind == RungKind.LADDER and rungs[1].configs == ["c00", "c26"]
 
 
 def test_a_regressed_target_escalates_once_then_falls_back():

@@ -133,10 +133,11 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
     trains at once (``cpus_per_trial``/``gpus_per_trial`` tell the searcher the cluster's trial slots; see
     ``HydroSearcher``). ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
     ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
-    ``fallback_targets``). Raises ``ValueError`` (or ``TypeError``) before Ray starts for arguments that cannot
-    work (:func:`check_arguments`, :func:`prepare`, ``HydroSearcher``'s own checks), and when no node of a
-    cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a warning); raises
-    :class:`TuningFailed` (after writing the member table) when no member ends with a finite objective."""
+    ``probe_margin``, ``fallback_targets``). Raises ``ValueError`` (or ``TypeError``) before Ray starts for
+    arguments that cannot work (:func:`check_arguments`, :func:`prepare`, ``HydroSearcher``'s own checks), and when
+    no node of a cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a
+    warning); raises :class:`TuningFailed` (after writing the member table) when no member ends with a finite
+    objective."""
     check_arguments(spec, param_space, energy=energy, bubbles=bubbles, cpus_per_trial=cpus_per_trial,
                     gpus_per_trial=gpus_per_trial)
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.

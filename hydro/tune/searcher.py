@@ -102,7 +102,8 @@ class HydroSearcher(Searcher):
     target, one seed, escalation, 2 fallback targets; ``ladder=False``: the best member's configuration alone);
     ``escalate`` (S >= 8): when the ranking at S/2 disagrees with the search's (``disagreement``, a
     :class:`~schedulers.transfer.Disagreement`: by default one of the ``probes`` configurations from below the
-    first rung's cut, trained with it, ranks at S/2 where the next rung keeps it) or the target does worse at
+    first rung's cut, trained with it, ranks at S/2 where the next rung keeps it, ahead of the best one left out
+    by more than ``probe_margin``, 1%) or the target does worse at
     full size than at its finest surrogate scale, every configuration is ranked at S/2 and the ladder goes on
     from there (once); a rung's members are spread evenly over as many fused trials as train at once on
     separate compute of the cluster (from the CPUs and whole GPUs a trial was given, at most Tune's
