@@ -374,7 +374,8 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="mlp,resmlp,cnn,lm", help=f"comma-separated subset of {list(WORKLOADS)}")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}".replace("%", "%%"))  # "0.5%" in names
+    variants_help = f"comma-separated subset of {list(VARIANTS)}".replace("%", "%%")  # argparse %-formats help
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=variants_help)
     parser.add_argument("--samples", type=int, default=16, help="configurations per workload")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smaller models, fewer epochs")
