@@ -306,10 +306,11 @@ class HydroSearcher(Searcher):
 
     def _replan(self, trial_id: str, result: Mapping) -> None:
         """A surrogate trial that ran out of memory trained its members in smaller fused chunks: later trials of
-        its group get at most that many members."""
+        its group get at most that many members. A trial that holds fewer members than planned (the last of a
+        group, or the search's even share per slot) fuses all of them: that is no shortage of memory."""
         key, fused_at_once = self.state.trial_groups.get(trial_id), result.get("max_fusion")
-        planned = self.state.pool.fusion.get(key)
-        if fused_at_once is not None and planned is not None and fused_at_once < planned:
+        planned, held = self.state.pool.fusion.get(key), len(self.state.ledger.trials.get(trial_id, ()))
+        if fused_at_once is not None and planned is not None and fused_at_once < min(planned, held):
             logger.warning("group %s ran out of memory at %d fused members: its later trials get %d",
                            key, planned, fused_at_once)
             self.state.pool.fusion[key] = fused_at_once

@@ -118,3 +118,20 @@ def test_metric_not_reported_is_named_with_the_reported_keys():
         s.set_search_properties("accuracy", "max", SPACE)
     with pytest.raises(ValueError, match=r"'acc' is not reported.*\['train_loss', 'val_loss'\]"):
         TuneSpec(model=mlp, data=small_digits, loss=None, optimizer=sgd, metric="acc")
+
+
+def test_a_trial_holding_fewer_members_than_planned_is_not_taken_for_one_out_of_memory(caplog):
+    configs = [{"lr": 0.1 * (i + 1), "momentum": 0.0} for i in range(5)]
+    s = HydroSearcher(spec(), Scripted(configs), num_samples=5, fusion=2, transfer_fraction=None)
+    s.set_search_properties("val_acc", "max", {})
+    trials = {t: plan_of(s.suggest(t)) for t in ("t0", "t1", "t2")}
+    assert [len(p.members) for p in trials.values()] == [2, 2, 1]  # the last holds the one left
+    (key,) = set(s.state.trial_groups.values())
+    ids = [m for m, _ in trials["t2"].members]
+    with caplog.at_level("WARNING", logger="hydro.tune.searcher"):
+        s.on_trial_result("t2", {**member_result(ids, 1, {ids[0]: 0.5}), "max_fusion": 1})  # fused its one member
+        assert s.state.pool.fusion[key] == 2 and "ran out of memory" not in caplog.text
+        ids = [m for m, _ in trials["t0"].members]  # two members, trained one at a time: out of memory
+        s.on_trial_result("t0", {**member_result(ids, 1, dict.fromkeys(ids, 0.5)), "max_fusion": 1})
+    assert s.state.pool.fusion[key] == 1
+    assert "ran out of memory at 2 fused members: its later trials get 1" in caplog.text
