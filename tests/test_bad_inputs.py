@@ -11,7 +11,7 @@ were silent (no error anywhere before tuning: wrong results or wasted work), unc
 error, a message that named neither the problem nor the fix; for a ``TuneSpec`` field accepted as given, what
 ``prepare`` then said) or late (clear, but after Ray had started) when the census was taken, and were fixed with it.
 
-Counts: 201 bad inputs tried (168 API, 33 CLI); 112 clear before the census (or checked since their option
+Counts: 204 bad inputs tried (168 API, 36 CLI); 115 clear before the census (or checked since their option
 exists); 89 fixed with it (33 silent, 54 unclear, 2 late); 0 silent or unclear now.
 """
 from __future__ import annotations
@@ -462,6 +462,11 @@ CLI_CASES = [  # argparse's own errors first, then Hydro's (one line, exit code 
          "argument --transfer-fraction: must be in (0, 1], got 0.0"),
     case("transfer-fraction-nan", tune("--transfer-fraction", "nan"), "argparse", "must be in (0, 1], got nan"),
     case("min-width-zero", tune("--min-width", "0"), "argparse", "argument --min-width: must be >= 1, got 0"),
+    case("transfer-eta-one", tune("--eta", "1"), "argparse", "argument --eta: must be >= 2, got 1"),
+    case("transfer-probe-margin-negative", tune("--probe-margin", "-0.01"), "argparse",
+         "argument --probe-margin: must be >= 0, got -0.01"),
+    case("transfer-disagreement-word", tune("--disagreement", "sometimes"), "argparse",
+         "argument --disagreement: invalid choice: 'sometimes'"),
     case("unknown-scheduler", tune("--scheduler", "bogus"), "argparse",
          "argument --scheduler: invalid choice: 'bogus'"),
     case("seed-word", tune("--seed", "abc"), "argparse", "argument --seed: invalid int value: 'abc'"),

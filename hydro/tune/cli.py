@@ -16,6 +16,7 @@ import traceback
 import pandas as pd
 
 from hydro.cli import UsageError, at_least, checked
+from schedulers.transfer import Disagreement, TransferPolicy
 from hydro.tune import energy_scheduler
 from hydro.tune.examples import EXAMPLES
 from hydro.trial.check import describe
@@ -65,12 +66,59 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
+    _add_transfer_arguments(parser)
     energy_scheduler.add_arguments(parser)
     parser.add_argument("--bubbles", action="store_true",
                         help="run the fused trials in the bubbles of the pipeline jobs registered with the cluster's "
                              "placement service (late-stage trials and the target on its dedicated workers); needs "
                              "--address or $RAY_ADDRESS")
     parser.set_defaults(func=run)
+
+
+TRANSFER_OPTIONS = ("ladder", "eta", "top_k", "seeds", "escalate", "disagreement", "probes", "probe_margin",
+                    "max_target_drop", "fallback_targets", "min_agreement")  # TransferPolicy fields the CLI sets
+
+
+def _add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
+    """The transfer stages' options (:class:`~schedulers.transfer.TransferPolicy`), with its defaults."""
+    default = {f.name: f.default for f in dataclasses.fields(TransferPolicy) if f.name in TRANSFER_OPTIONS}
+    fraction = checked(float, lambda value: value >= 0, ">= 0")
+    group = parser.add_argument_group("transfer stages (after the surrogates, with --scale > 1; README: "
+                                      "Trustworthy transfer)")
+    group.add_argument("--ladder", action=argparse.BooleanOptionalAction, default=default["ladder"],
+                       help="the width ladder: the best 1/eta again at S/2, S/4, ... before full size")
+    group.add_argument("--eta", type=at_least(2), default=default["eta"], help="each ladder rung keeps the best 1/eta")
+    group.add_argument("--top-k", type=at_least(1), default=default["top_k"],
+                       help="configurations trained at full size; the best on validation is returned")
+    group.add_argument("--seeds", type=at_least(1), default=default["seeds"],
+                       help="repeats of each configuration in the surrogate stages (scores: mean and spread)")
+    group.add_argument("--escalate", action=argparse.BooleanOptionalAction, default=default["escalate"],
+                       help="rank every configuration again at S/2 (S >= 8) when the first rung disagrees with the "
+                            "search or the target does worse than its surrogate")
+    group.add_argument("--disagreement", choices=[d.value for d in Disagreement], default=default["disagreement"].value,
+                       help="what makes the first rung disagree, and escalate: probe, a probe S/2 promotes or a rank "
+                            "agreement confidently below --min-agreement; likely, one below it; confident, one "
+                            "confidently below it")
+    group.add_argument("--probes", type=at_least(0), default=default["probes"],
+                       help="configurations from below the first rung's cut it trains too")
+    group.add_argument("--probe-margin", type=fraction, default=default["probe_margin"],
+                       help="a probe disagrees only when it leads the best configuration S/2 leaves out by more "
+                            "than this fraction")
+    group.add_argument("--max-target-drop", type=fraction, default=default["max_target_drop"],
+                       help="a target worse than its finest surrogate by more than this fraction escalates, then "
+                            "trains fallback targets (0.005: more accuracy, less speed)")
+    group.add_argument("--fallback-targets", type=at_least(0), default=default["fallback_targets"],
+                       help="configurations trained at full size when the target still does worse")
+    group.add_argument("--min-agreement", type=checked(float, lambda value: -1 <= value <= 1, "in [-1, 1]"),
+                       default=default["min_agreement"],
+                       help="the Spearman rho the transfer check holds rank agreement to (a warning when "
+                            "confidently below it)")
+
+
+def transfer_options(args: argparse.Namespace) -> dict:
+    """The ``transfer`` keywords of :func:`~hydro.tune.run.fit` that ``hydro tune``'s arguments set."""
+    options = {name: getattr(args, name) for name in TRANSFER_OPTIONS}
+    return {**options, "disagreement": Disagreement(options["disagreement"])}
 
 
 def _fusion(text: str) -> int | str:
@@ -171,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
                          searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
                          transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
                          seed=args.seed, data=data, energy=energy,
-                         bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
+                         bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial, **transfer_options(args))
     except TuningFailed as failed:
         _print_members(failed.results, spec)
         print(f"\nhydro tune: {failed}\nwritten: {os.path.join(failed.results.experiment_path, MEMBER_TABLE_FILE)}",

@@ -105,3 +105,35 @@ def test_every_member_failing_ends_with_one_summary_and_exit_code_1(workload_fil
     assert "TypeError" not in captured.err and "Traceback" not in captured.err
     assert (tmp_path / "runs" / "nan" / "hydro_members.csv").exists()
     assert not (tmp_path / "runs" / "nan" / "hydro_best.json").exists()
+
+
+def test_transfer_options_default_to_the_policy_and_the_flags_set_them():
+    from hydro.cli import build_parser
+    from hydro.tune.cli import transfer_options
+    from schedulers.transfer import Disagreement, TransferPolicy
+
+    def policy(*flags):
+        args = build_parser().parse_args(["tune", "--example", "digits-mlp", *flags])
+        return TransferPolicy(1.0, 16, "val_acc", "max", scale=8, **transfer_options(args))
+
+    assert policy() == TransferPolicy(1.0, 16, "val_acc", "max", scale=8)  # no flag: the policy's own defaults
+    flags = ["--no-ladder", "--eta", "2", "--top-k", "2", "--seeds", "3", "--no-escalate", "--disagreement", "likely",
+             "--probes", "1", "--probe-margin", "0.02", "--max-target-drop", "0.005", "--fallback-targets", "0",
+             "--min-agreement", "0.3"]
+    assert policy(*flags) == TransferPolicy(
+        1.0, 16, "val_acc", "max", scale=8, ladder=False, eta=2, top_k=2, seeds=3, escalate=False,
+        disagreement=Disagreement.LIKELY, probes=1, probe_margin=0.02, max_target_drop=0.005, fallback_targets=0,
+        min_agreement=0.3)
+
+
+def test_transfer_flags_reach_the_run(workload_file, tmp_path, capsys, caplog):
+    try:
+        with caplog.at_level("INFO", logger="hydro.tune.searcher"):
+            assert main(["tune", "--workload", str(workload_file), "--samples", "3", "--fusion", "3", "--scheduler",
+                         "none", "--scale", "2", "--no-ladder", "--top-k", "2", "--storage", str(tmp_path / "runs"),
+                         "--name", "top2"]) == 0
+    finally:
+        ray.shutdown()
+    assert "transfer stages after the search: 2 at full size" in caplog.text  # no ladder rung, 2 targets
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("target ")]
+    assert len(rows) == 2 and all(row[1] == "target" for row in rows)
