@@ -16,7 +16,6 @@ import traceback
 import pandas as pd
 
 from hydro.cli import UsageError, at_least, checked
-from schedulers.transfer import Disagreement, TransferPolicy
 from hydro.tune import energy_scheduler
 from hydro.tune.examples import EXAMPLES
 from hydro.trial.check import describe
@@ -24,6 +23,7 @@ from hydro.trial.spec import TuneSpec
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table, target_result
 from hydro.tune.run import TuningFailed, asha, check_arguments, fit, optuna_tpe, prepare
 from hydro.tune.trainable import require_resources, trial_resources
+from schedulers.transfer import Disagreement, TransferPolicy
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -95,7 +95,8 @@ def _add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--escalate", action=argparse.BooleanOptionalAction, default=default["escalate"],
                        help="rank every configuration again at S/2 (S >= 8) when the first rung disagrees with the "
                             "search or the target does worse than its surrogate")
-    group.add_argument("--disagreement", choices=[d.value for d in Disagreement], default=default["disagreement"].value,
+    group.add_argument("--disagreement", choices=[d.value for d in Disagreement],
+                       default=default["disagreement"].value,
                        help="what makes the first rung disagree, and escalate: probe, a probe S/2 promotes or a rank "
                             "agreement confidently below --min-agreement; likely, one below it; confident, one "
                             "confidently below it")
@@ -201,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
         spec = dataclasses.replace(spec, epochs=args.epochs or spec.epochs, **shrink)
     except ValueError as error:
         raise UsageError(f"hydro tune: {error}") from None
-    energy = energy_scheduler.settings_from_args(args, spec, args.name or args.example or os.path.basename(args.workload))
+    job = args.name or args.example or os.path.basename(args.workload)
+    energy = energy_scheduler.settings_from_args(args, spec, job)
     start = time.perf_counter()
     try:  # before Ray starts
         check_arguments(spec, space, energy=energy, bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
