@@ -92,8 +92,8 @@ class HydroSearcher(Searcher):
 
     ``fusion``: members per fused trial, or ``"auto"`` (measured with ``hydro.plan_fusion`` per group, at
     most ``max_fusion``), or a :class:`~hydro.trial.fusion.FusionPlanner`; any of them at most an even share of
-    ``num_samples`` per trial slot once the slots are known (see ``trial_resources``). ``scheduler``: per-member early
-    stopping, a rule of :mod:`schedulers.member_stopping` or Ray's ``ASHAScheduler``/``MedianStoppingRule``
+    ``num_samples`` per trial slot once the slots are known (see ``trial_resources``). ``scheduler``: per-member
+    early stopping, a rule of :mod:`schedulers.member_stopping` or Ray's ``ASHAScheduler``/``MedianStoppingRule``
     (leave its metric/mode unset). ``transfer_fraction``: fraction of members that must have finished before
     the transfer stages start (``None``: no stages, no target). The stages, set by ``transfer`` options of
     :class:`~schedulers.transfer.TransferPolicy`: ``seeds`` repeats of each configuration in surrogate trials
@@ -101,17 +101,16 @@ class HydroSearcher(Searcher):
     the ``top_k`` best at full size, the best of which on validation is returned (default: the ladder, one
     target, one seed, escalation, 2 fallback targets; ``ladder=False``: the best member's configuration alone);
     ``escalate`` (S >= 8): when the ranking at S/2 disagrees with the search's (``disagreement``, a
-    :class:`~schedulers.transfer.Disagreement`: by default one of the ``probes`` configurations from below the
-    first rung's cut, trained with it, ranks at S/2 where the next rung keeps it, ahead of the best one left out
-    by more than ``probe_margin``, 1%) or the target does worse at
-    full size than at its finest surrogate scale, every configuration is ranked at S/2 and the ladder goes on
-    from there (once); a rung's members are spread evenly over as many fused trials as train at once on
-    separate compute of the cluster (from the CPUs and whole GPUs a trial was given, at most Tune's
-    ``max_concurrent_trials``; :func:`~schedulers.trial_slots.trial_slots`) when its training time, estimated
-    from the finished trials, saves more than another trial's start (else one fused trial; at most
-    ``max_fusion`` members each); ``fallback_targets``: when the returned target still does worse, that many more
-    configurations (the next in ladder order) train at full size and the best full-size one is returned. The
-    run logs the stages' cost up front (escalation's and the fallback targets' as a maximum), the returned
+    :class:`~schedulers.transfer.Disagreement`: by default one of the ``probes`` configurations from below the first
+    rung's cut, trained with it, ranks at S/2 where the next rung keeps it, ahead of the best one left out by more
+    than ``probe_margin``, 1%) or the target does worse at full size than at its finest surrogate scale, every
+    configuration is ranked at S/2 and the ladder goes on from there (once); a rung's members are spread evenly
+    over as many fused trials as train at once on separate compute of the cluster (from the CPUs and whole GPUs a
+    trial was given, at most Tune's ``max_concurrent_trials``; :func:`~schedulers.trial_slots.trial_slots`) when
+    its training time, estimated from the finished trials, saves more than another trial's start (else one fused
+    trial; at most ``max_fusion`` members each); ``fallback_targets``: when the returned target still does worse,
+    that many more configurations (the next in ladder order) train at full size and the best full-size one is
+    returned. The run logs the stages' cost up front (escalation's and the fallback targets' as a maximum), the returned
     configuration's score at each scale and the transfer check (a warning when rankings of consecutive scales
     disagree). Use it with ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials.
     ``data``: the ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when
@@ -312,7 +311,7 @@ class HydroSearcher(Searcher):
         planned, held = self.state.pool.fusion.get(key), len(self.state.ledger.trials.get(trial_id, ()))
         if fused_at_once is not None and planned is not None and fused_at_once < min(planned, held):
             logger.warning("group %s ran out of memory at %d fused members: its later trials get %d",
-                           key, planned, fused_at_once)
+                           key, min(planned, held), fused_at_once)
             self.state.pool.fusion[key] = fused_at_once
 
     def _nothing_left(self) -> bool:

@@ -109,8 +109,14 @@ def test_every_member_failing_ends_with_one_summary_and_exit_code_1(workload_fil
 
 def test_transfer_options_default_to_the_policy_and_the_flags_set_them():
     from hydro.cli import build_parser
-    from hydro.tune.cli import transfer_options
+    import dataclasses
+
+    from hydro.tune.cli import TRANSFER_OPTIONS, transfer_options
+    from hydro.tune.searcher import _SET_BY_SEARCHER
     from schedulers.transfer import Disagreement, TransferPolicy
+
+    # every transfer option HydroSearcher takes is a flag
+    assert set(TRANSFER_OPTIONS) == {f.name for f in dataclasses.fields(TransferPolicy)} - _SET_BY_SEARCHER
 
     def policy(*flags):
         args = build_parser().parse_args(["tune", "--example", "digits-mlp", *flags])
