@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 
 FULL_SIZE = 1
@@ -43,6 +43,9 @@ FULL_SIZE = 1
 # S=4, more than a 5x speed-up allows on its own (replayed on the fidelity benchmark's scores at S=4, it chose no
 # better than the fallback targets, for more).
 MIN_ESCALATION_SCALE = 4
+# The TransferPolicy options that shape the stages after a shrunk search (``seeds`` repeats the search's members too).
+STAGE_OPTIONS = ("ladder", "eta", "top_k", "min_agreement", "max_target_drop", "escalate", "disagreement", "probes",
+                 "probe_margin", "fallback_targets")
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,9 @@ class TransferPolicy:
     caught real failures, residual-MLP seeds 3 and 6, by 2.5% and 4.1%, and the margin changed no answer).
     ``fallback_targets``: on a regression of the returned target that escalation did not cure, the next
     configurations in ladder order trained at full size (at most this many, once). An unshrunk search
-    (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full size.
+    (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full size, with no
+    regression check (a re-run, not a transfer), and the options other than ``seeds``, which cannot act there or
+    without stages (``fraction`` ``None``), are refused when set away from their defaults (``ValueError``).
 
     Defaults (the ladder, one full-size target, one seed, escalation with 3 probes, 2 fallback targets) are what won
     ``benchmarks/transfer_fidelity.py``: the ladder as good as top-2 or seed repeats on its workloads, for less;
@@ -270,6 +275,21 @@ class TransferPolicy:
                              f"got {self.disagreement!r}")
         if not -1 <= self.min_agreement <= 1:
             raise ValueError(f"TransferPolicy: min_agreement is a Spearman rho, in [-1, 1]; got {self.min_agreement!r}")
+        self._refuse_unused_options()
+
+    def _refuse_unused_options(self) -> None:
+        """Raise ``ValueError`` for options set away from their defaults that cannot act: every option but
+        ``seeds`` shapes what trains after a shrunk search, so none acts unshrunk (``scale`` 1) or without stages."""
+        unused = [f"{f.name}={_shown(getattr(self, f.name))}" for f in fields(self)
+                  if f.name in STAGE_OPTIONS and getattr(self, f.name) != f.default]
+        if not unused or (self.scale > FULL_SIZE and self.fraction is not None):
+            return
+        why, fix = (("transfer_fraction is None: no stage trains after the search", "give a transfer_fraction")
+                    if self.fraction is None else
+                    ("scale is 1: the search trains full-size models and only its best configuration trains again",
+                     "shrink the search (scale > 1; hydro tune --scale)"))
+        raise ValueError(f"TransferPolicy: {', '.join(unused)} cannot act, {why}; these options shape the stages "
+                         f"after a shrunk search: leave them at their defaults, or {fix}")
 
     # --- when the stages start ----------------------------------------------------------------------------
 
@@ -544,7 +564,7 @@ class TransferPolicy:
     def _regression(self, scales: list[tuple[int, dict[str, Score]]]) -> TargetRegression | None:
         config = self._returned(scales)
         trail = [(scale, scores[config]) for scale, scores in scales if config in scores]
-        if len(trail) < 2 or trail[-1][0] != FULL_SIZE:
+        if len(trail) < 2 or trail[-1][0] != FULL_SIZE or trail[-2][0] == FULL_SIZE:  # unshrunk: a re-run
             return None
         (scale, surrogate), (_, full) = trail[-2], trail[-1]
         drop = -self._lead(full.mean, surrogate.mean)
@@ -566,3 +586,8 @@ class TransferPolicy:
 def _cost(stages: Iterable[tuple[int, int, int]]) -> float:
     """Full-size trainings that ``(scale, configurations, seeds)`` stages cost, compute ∝ width²."""
     return sum(count * seeds / scale ** 2 for scale, count, seeds in stages)
+
+
+def _shown(value: object) -> str:
+    """``value`` as the Python that sets it (an enum member as ``Class.NAME``)."""
+    return f"{type(value).__name__}.{value.name}" if isinstance(value, Enum) else repr(value)

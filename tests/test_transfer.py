@@ -69,7 +69,34 @@ def test_ladder_stops_at_the_number_of_scored_configs_and_keeps_top_k():
     assert p.schedule(5) == [(8, 5, 1), (4, 4, 1), (2, 4, 1), (1, 4, 1)]  # the first rung: 4 and 1 probe left
     assert policy(scale=16, ladder=True, eta=2, top_k=4, probes=0).schedule(5)[0] == (8, 4, 1)
     assert policy(scale=1, ladder=True).scales() == [1, 1]  # unshrunk search: the target is a full-size re-run
-    assert policy(scale=1, top_k=3).schedule(5) == [(1, 1, 1)]  # of its best configuration alone
+    assert policy(scale=1).schedule(5) == [(1, 1, 1)]  # of its best configuration alone
+
+
+def test_options_that_cannot_act_unshrunk_or_without_stages_are_refused():
+    for unshrunk in ({"top_k": 3}, {"ladder": False, "disagreement": Disagreement.LIKELY}, {"max_target_drop": 0.005}):
+        with pytest.raises(ValueError) as refused:
+            policy(scale=1, **unshrunk)
+        shown = ", ".join(f"{k}={v!r}" if k != "disagreement" else f"{k}=Disagreement.LIKELY" for k, v in unshrunk.items())
+        assert str(refused.value) == (f"TransferPolicy: {shown} cannot act, scale is 1: the search trains full-size "
+                                      f"models and only its best configuration trains again; these options shape the "
+                                      f"stages after a shrunk search: leave them at their defaults, or shrink the "
+                                      f"search (scale > 1; hydro tune --scale)")
+    with pytest.raises(ValueError, match=r"eta=2 cannot act, transfer_fraction is None: no stage trains after the "
+                                         r"search; .* or give a transfer_fraction$"):
+        policy(scale=8, fraction=None, eta=2)
+    # what can act is taken: seeds repeat the search's members; defaults given explicitly change nothing
+    assert policy(scale=1, seeds=3, ladder=True, top_k=1, probe_margin=0.01).seeds == 3
+    assert policy(scale=8, fraction=None, seeds=2).seeds == 2 and policy(scale=2, top_k=3).top_k == 3
+
+
+def test_an_unshrunk_re_run_is_no_regression():
+    """Scale 1 re-trains the search's best at full size: scoring below its own search run is the winner's curse of
+    a maximum over noisy runs, not a surrogate's choice failing to transfer."""
+    search = scores_of([("c0", 0.9), ("c1", 0.8)])
+    rungs, stages = run_stages(policy(scale=1), search, lambda c, s: 0.85)
+    assert [(r.scale, r.configs) for r in rungs] == [(1, ["c0"])] and policy(scale=1).regression(stages) is None
+    rungs, stages = run_stages(policy(scale=2, fallback_targets=0), search, lambda c, s: 0.85)
+    assert policy(scale=2, fallback_targets=0).regression(stages).drop == pytest.approx(0.05 / 0.9)  # shrunk: one
 
 
 def test_defaults_are_the_ladder_and_one_target():

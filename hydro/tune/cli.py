@@ -207,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:  # before Ray starts
         check_arguments(spec, space, energy=energy, bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
+        TransferPolicy(args.transfer_fraction, args.samples, spec.metric, spec.mode, scale=args.scale,
+                       **transfer_options(args))  # refuses transfer options that cannot act (e.g. at --scale 1)
         data = prepare(spec, space, scale=args.scale, seed=args.seed)
     except ValueError as error:  # a WorkloadError too
         raise UsageError(f"hydro tune: {error}") from None
