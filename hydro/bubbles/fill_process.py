@@ -142,6 +142,7 @@ class FillProcess:
         self._progress = context.RawArray("d", 4)
         self._lock = threading.Lock()  # one request/answer on the pipe at a time
         self._news_lock = threading.Lock()
+        self._reap_lock = threading.Lock()  # the child's exit status is read by one thread at a time (_alive/_join)
         self.gate, self.answer_timeout_s, self.unit_timeout_s = gate, answer_timeout_s, unit_timeout_s
         self.failure: FillFailure | None = None
         self._process = context.Process(
@@ -178,7 +179,7 @@ class FillProcess:
         """:meth:`check` with ``_lock`` held."""
         if self.failure is not None:
             raise FillFailed(self.failure)
-        if not self._process.is_alive():
+        if not self._alive():
             self._fail(self._exit_cause())
         if self._progress[_RAISED]:  # the child answers any request with the error and its traceback
             self._send("poll")
@@ -219,14 +220,27 @@ class FillProcess:
         (completed steps, and an epoch result still awaiting its decision)."""
         self.gate.abort()
         state = self._request("stop")
-        self._process.join(timeout=self.answer_timeout_s)
+        self._join(self.answer_timeout_s)
         return state
 
     def kill(self) -> None:
         """End the child now (it is untrusted: no clean-up is waited for)."""
-        if self._process.is_alive():
+        if self._alive():
             os.kill(self._process.pid, signal.SIGKILL)
-        self._process.join()
+        self._join()
+
+    def _alive(self) -> bool:
+        with self._reap_lock:
+            return self._process.is_alive()
+
+    def _join(self, timeout_s: float | None = None) -> int | None:
+        """Wait for the child's end (at most ``timeout_s``); its exit code, ``None`` while it runs. Only one thread
+        reads the exit status at a time: a forkserver child's comes once through its sentinel, and a second
+        thread reading it at the same moment would record exit code 255 instead of, e.g., SIGKILL's -9."""
+        multiprocessing.connection.wait([self._process.sentinel], timeout_s)  # (waiting reads nothing)
+        with self._reap_lock:
+            self._process.join(0)
+            return self._process.exitcode
 
     def _request(self, command: str, argument=None):
         with self._lock:
@@ -243,7 +257,7 @@ class FillProcess:
     def _answer(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
         while not self._conn.poll(0.05):
-            if not self._process.is_alive() and not self._conn.poll(0):
+            if not self._alive() and not self._conn.poll(0):
                 self._fail(self._exit_cause())
             if time.monotonic() > deadline:
                 self._fail(FillFailure(FailureKind.HUNG, f"the fill trial's process did not answer within "
@@ -253,7 +267,7 @@ class FillProcess:
         except (EOFError, OSError):
             self._fail(self._exit_cause())
         if kind == "too_large":
-            self._process.join()
+            self._join()
             raise FillTooLarge(payload)
         if kind == "error":
             self._fail(FillFailure(FailureKind.RAISED, f"{RAISED}:\n{payload['traceback']}", payload["exception"],
@@ -261,8 +275,7 @@ class FillProcess:
         return payload
 
     def _exit_cause(self) -> FillFailure:
-        self._process.join(timeout=5)
-        code = self._process.exitcode
+        code = self._join(5)
         if code is not None and code < 0:
             return FillFailure(FailureKind.DIED, f"the fill trial's process was killed by "
                                                  f"{signal.Signals(-code).name} (e.g. the OOM killer)")
