@@ -197,6 +197,45 @@ def test_a_rung_is_spread_over_the_trials_the_cluster_runs_at_once(monkeypatch, 
     assert [m for p in rung for m, _ in p.members] == ["m00007@2", "m00006@2", "m00005@2", "m00004@2"]
 
 
+@pytest.mark.parametrize("gpus, max_concurrent, search_s, rung_cpus, target_cpus", [
+    (0, 2, 60.0, [None, None], 2),  # 2 slots of 1 CPU: the rung fills them; the lone target trains on both slots' CPUs
+    (0, None, 60.0, [4, 4, 4, 4], 16),  # the node's 16 slots: the rung's 4 trials on 4 CPUs each, the target on 16
+    (0, 2, 0.2, [None], None),  # a target of 0.4 s: a second CPU would save less than a new trial's start costs
+    (0, 1, 60.0, [None], None),  # max_concurrent_trials=1: no slot idle
+    (1, None, 60.0, [None, None], None),  # GPU trials: their GPU does the work
+])
+def test_a_stage_that_leaves_trial_slots_idle_trains_on_their_cpus(monkeypatch, gpus, max_concurrent, search_s,
+                                                                   rung_cpus, target_cpus):
+    import hydro.tune.searcher as searcher_module
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 64.0}}]
+    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster: none here
+    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: nodes)
+    s = HydroSearcher(spec(epochs=2), num_samples=8, scale=4, fusion=8, ladder=True, eta=2, top_k=1, seed=0,
+                      fallback_targets=0)
+    s.set_search_properties("val_acc", "max", SPACE)
+    if max_concurrent is not None:
+        s.set_max_concurrency(max_concurrent)
+    plan = plan_of(s.suggest("t0"))
+    assert plan.cpus is None  # the search: the trainable's request
+    ids = [m for m, _ in plan.members]
+    values = {m: int(m[1:]) / 10 for m in ids}
+    resources = {"trial_cpus": 1.0, "trial_gpus": float(gpus)}
+    s.on_trial_result("t0", {**member_result(ids, 1, values), **resources})
+    # the search's 8 members at S=4 for 2 epochs: the target trains (4 / 1)² / 8 = 2 times as long
+    s.on_trial_complete("t0", {**member_result(ids, 2, values, done=True), **resources, "time_total_s": search_s})
+    rung = []
+    while isinstance(config := s.suggest(f"r{len(rung)}"), dict):
+        rung.append(plan_of(config))
+    assert [p.cpus for p in rung] == rung_cpus
+    for i, p in enumerate(rung):
+        finish(s, f"r{i}", p, lambda m: 0.5)  # (a scripted trial reports no time: the target's estimate is the search's)
+    target = plan_of(s.suggest("target"))
+    assert target.kind == TrialKind.TARGET and target.cpus == target_cpus
+    s.on_trial_result("target", {"val_acc": 0.5, "trial_cpus": float(target_cpus or 1), "trial_gpus": float(gpus)})
+    assert s.state.trial_request == {"CPU": 1.0, "GPU": float(gpus)}  # a widened trial's resources are no slot's
+
+
 def test_fit_spreads_the_search_over_the_trials_the_cluster_runs_at_once(ray_cluster, tmp_path):
     from hydro.tune.run import fit
 
@@ -206,6 +245,20 @@ def test_fit_spreads_the_search_over_the_trials_the_cluster_runs_at_once(ray_clu
     # fusion=4 asks for one trial of 4; the 2-CPU cluster runs 2 trials of 1 CPU at once: 2 of 2
     assert sorted(len(r.config["hydro"].members) for r in results) == [2, 2]
     assert {(r.metrics["trial_cpus"], r.metrics["trial_gpus"]) for r in results} == {(1.0, 0.0)}
+
+
+def test_fit_trains_the_lone_target_on_the_cpus_of_both_trial_slots(ray_cluster, tmp_path, monkeypatch):
+    import hydro.tune.searcher as searcher_module
+    from hydro.tune.run import fit
+
+    monkeypatch.setattr(searcher_module, "TRIAL_OVERHEAD_S", 0.0)  # this tiny target is worth widening at any cost
+
+    results, _ = fit(spec(epochs=1), SPACE, num_samples=4, fusion=4, scale=2, seed=0, storage_path=str(tmp_path),
+                     name="wide_target", verbose=0)
+    assert not results.errors
+    cpus = sorted((plan_of(r.config).kind.value, plan_of(r.config).cpus, r.metrics["trial_cpus"]) for r in results)
+    # the search as 2 trials of 1 CPU on the 2-CPU cluster, then the target alone, asking Ray for both CPUs
+    assert cpus == [("surrogate", None, 1.0), ("surrogate", None, 1.0), ("target", 2, 2.0)]
 
 
 def test_bad_transfer_settings_are_rejected_before_the_run():

@@ -27,7 +27,8 @@ class TrialPlan:
     ``members``: ``[(member id, config)]``; ``scale``: width divisor; ``mup``: build the models in µP
     (surrogates with ``scale > 1`` and the target of such a run); ``decisions``: name of the per-member
     stopping service, if any; ``reports_objective``: whether the trial-level objective is the best member's
-    value (False for surrogates of a run with a target: the run's best result is then the target's)."""
+    value (False for surrogates of a run with a target: the run's best result is then the target's);
+    ``cpus``: CPUs the trial asks Ray for and trains with (torch threads), ``None``: the trainable's request."""
 
     kind: TrialKind
     members: list[tuple[str, dict]]
@@ -36,6 +37,7 @@ class TrialPlan:
     decisions: str | None = None
     reports_objective: bool = True
     source: dict = field(default_factory=dict)
+    cpus: int | None = None
 
     @property
     def fused(self) -> bool:

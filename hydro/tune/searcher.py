@@ -40,7 +40,7 @@ from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
 from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
-from schedulers.trial_slots import rung_trials, split_evenly, trial_slots
+from schedulers.trial_slots import TRIAL_OVERHEAD_S, rung_trials, split_evenly, trial_slots
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,9 @@ class TransferState:
     ``target_values`` the final values of those that ended (``None``: failed before a report). A config id is
     the id of the search member the inner searcher drew; its seed repeats are ``<id>#<seed>``, its ladder
     members ``<id>@<scale>[#<seed>]``. ``forwarded``: configs whose completion the inner searcher heard.
-    ``started``: every trial of the stages has started (the run can end)."""
+    ``started``: every trial of the stages has started (the run can end). ``cpus``: CPUs each trial of the stage
+    in progress asks for, when it leaves trial slots idle (``None``: the trainable's request); ``widened``: the
+    trials that asked for more (their reported resources are not a trial slot's)."""
 
     stages: list[dict[str, Score]] = field(default_factory=list)
     rung: Rung | None = None
@@ -66,6 +68,8 @@ class TransferState:
     target_values: dict[str, float] = field(default_factory=dict)
     forwarded: set[str] = field(default_factory=set)
     started: bool = False
+    cpus: int | None = None
+    widened: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -193,7 +197,7 @@ class HydroSearcher(Searcher):
         return None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        if TRIAL_CPUS_KEY in result:
+        if TRIAL_CPUS_KEY in result and trial_id not in self.state.transfer.widened:
             self.state.trial_request = {"CPU": result[TRIAL_CPUS_KEY], "GPU": result.get(TRIAL_GPUS_KEY, 0.0)}
         if trial_id in self.state.transfer.targets:
             return  # its final value counts, at completion
@@ -352,6 +356,8 @@ class HydroSearcher(Searcher):
         if not transfer.waiting:
             return None
         rung, group = transfer.rung, transfer.waiting.pop(0)
+        if transfer.cpus:
+            transfer.widened.add(trial_id)
         if rung.scale == FULL_SIZE:
             ((config_id, config),) = group
             transfer.targets[trial_id] = config_id
@@ -361,10 +367,10 @@ class HydroSearcher(Searcher):
                       "scores": {str(s): str(v) for s, v in trail}}
             logger.info("training the full-size target with %s's configuration %s", config_id, config)
             plan = TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, config)], scale=1, mup=self.scale > 1,
-                             source=source)
+                             source=source, cpus=transfer.cpus)
             return {**plan.to_config(), **config}
         self.state.ledger.add_trial(trial_id, [m for m, _ in group])
-        plan = TrialPlan(TrialKind.SURROGATE, group, rung.scale, mup=True, reports_objective=False)
+        plan = TrialPlan(TrialKind.SURROGATE, group, rung.scale, mup=True, reports_objective=False, cpus=transfer.cpus)
         return {**_unset(self.state.space), **plan.to_config()}
 
     def _advance(self) -> None:
@@ -390,6 +396,7 @@ class HydroSearcher(Searcher):
         configs = {c: self.state.pool.configs[c] for c in rung.configs}
         if rung.scale == FULL_SIZE:
             transfer.waiting = [[(c, config)] for c, config in configs.items()]
+            transfer.cpus = self._stage_cpus(len(transfer.waiting), self._rung_seconds(1, FULL_SIZE))
             if rung.kind == RungKind.FALLBACK:
                 logger.warning("transfer check: %s: training %d fallback target(s) at full size, %s, and returning "
                                "the best full-size one", rung.why, len(configs), ", ".join(configs))
@@ -403,6 +410,8 @@ class HydroSearcher(Searcher):
         slots = rung_trials(self._rung_seconds(len(members), rung.scale), self._trial_slots())
         size = min(max(1, self.state.pool.max_fusion), -(-len(members) // slots))
         transfer.waiting = [part for g in groups.values() for part in split_evenly(g, -(-len(g) // size))]
+        transfer.cpus = self._stage_cpus(len(transfer.waiting),
+                                         self._rung_seconds(max(map(len, transfer.waiting)), rung.scale))
         seeds = f" ({rung.seeds} seeds each)" if rung.seeds > 1 else ""
         trials = f" in {len(transfer.waiting)} fused trials" if len(transfer.waiting) > 1 else ""
         if rung.kind == RungKind.ESCALATION:
@@ -412,6 +421,20 @@ class HydroSearcher(Searcher):
         else:
             logger.info("width ladder: training %d configurations at S=%d%s%s", len(configs), rung.scale, seeds,
                         trials)
+
+    def _stage_cpus(self, trials: int, work_s: float | None) -> int | None:
+        """CPUs for each of a stage's ``trials`` (``work_s``: the longest one's estimated seconds of training in
+        one slot) when they leave trial slots idle and nothing else trains: the idle slots' CPUs shared among them
+        (torch threads; at most one node's), so that a lone target trains on every core the run's slots hold, when
+        that saves more than a trial's start (a wider trial is a new Ray actor), as :func:`rung_trials` spreads a
+        rung; ``None`` (the trainable's request) otherwise, for GPU trials (their GPU does the work) and while
+        search members still train."""
+        request, slots = self.state.trial_request, self._trial_slots()
+        if trials >= slots or request.get("GPU", 0.0) or self.state.ledger.running():
+            return None
+        node = max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=0.0)
+        cpus = int(min(request.get("CPU", 1.0) * rung_trials(work_s, slots // trials, TRIAL_OVERHEAD_S), node))
+        return cpus if cpus > request.get("CPU", 1.0) else None
 
     def _rung_seconds(self, members: int, scale: int) -> float | None:
         """Estimated seconds of training of ``members`` members at ``scale`` fused in one trial, from the finished

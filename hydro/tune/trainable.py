@@ -28,6 +28,7 @@ from hydro.energy.tuning import EnergySettings, trial_observer
 from hydro.trial.data import DataSource
 from hydro.trial.device import resolve_device
 from hydro.trial.fusion import fusion_in_trial
+from hydro.trial.plan import plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession
@@ -62,7 +63,13 @@ def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
             run_trial(spec, config, data, energy, plan_fusion=plan_fusion)          # either way
 
         function = tune.with_parameters(hydro_trial, data=data)
-    return function if resources == {"cpu": 1} else tune.with_resources(function, resources)
+    request = {name.upper(): amount for name, amount in resources.items()}
+
+    def trial_request(config: dict) -> tune.PlacementGroupFactory:  # a plan may ask for more CPUs (see TrialPlan)
+        cpus = plan_of(config).cpus
+        return tune.PlacementGroupFactory([{**request, "CPU": cpus} if cpus else request])
+
+    return tune.with_resources(function, trial_request)
 
 
 def trial_resources(spec: TuneSpec, cpus_per_trial: float = 1, gpus_per_trial: float = 0) -> dict[str, float]:
@@ -111,6 +118,8 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None,
                             state["epoch"] if state else 0)
     with session.failing():  # an error of the trial's own code fails its members; it is not retried
+        if session.plan.cpus:  # a wider trial (a stage that leaves trial slots idle) trains on all its CPUs
+            torch.set_num_threads(session.plan.cpus)
         gpu_ids = ray.get_gpu_ids()
         device = resolve_device(spec.device, gpu_ids)
         budget = _gpu_share_bytes(spec, device)
