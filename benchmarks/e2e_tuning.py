@@ -25,8 +25,8 @@ sets ``TuneSpec.device``; with ``--gpus-per-trial G`` every trial (stock and Hyd
 ``benchmarks/transfer_fidelity.py`` (lr, weight decay, beta1; width ``--hidden``) on its noisy synthetic tabular
 task, where a surrogate can prefer a different validation optimum and a model-based searcher (d) could follow it.
 ``--target-seeds K``: each run's best configuration is trained K times (the spec's seed, as Hydro's target trial,
-and the K - 1 after it), and the table gives the mean ± sample standard deviation (noisy workloads: one seed's target can differ by about
-the difference it is meant to show).
+and the K - 1 after it), and the table gives the mean ± sample standard deviation (noisy workloads: one seed's
+target can differ by about the difference it is meant to show).
 """
 from __future__ import annotations
 

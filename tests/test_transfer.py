@@ -76,7 +76,8 @@ def test_options_that_cannot_act_unshrunk_or_without_stages_are_refused():
     for unshrunk in ({"top_k": 3}, {"ladder": False, "disagreement": Disagreement.LIKELY}, {"max_target_drop": 0.005}):
         with pytest.raises(ValueError) as refused:
             policy(scale=1, **unshrunk)
-        shown = ", ".join(f"{k}={v!r}" if k != "disagreement" else f"{k}=Disagreement.LIKELY" for k, v in unshrunk.items())
+        shown = ", ".join(f"{k}=Disagreement.LIKELY" if k == "disagreement" else f"{k}={v!r}"
+                          for k, v in unshrunk.items())
         assert str(refused.value) == (f"TransferPolicy: {shown} cannot act, scale is 1: the search trains full-size "
                                       f"models and only its best configuration trains again; these options shape the "
                                       f"stages after a shrunk search: leave them at their defaults, or shrink the "

@@ -229,7 +229,7 @@ def test_a_stage_that_leaves_trial_slots_idle_trains_on_their_cpus(monkeypatch, 
         rung.append(plan_of(config))
     assert [p.cpus for p in rung] == rung_cpus
     for i, p in enumerate(rung):
-        finish(s, f"r{i}", p, lambda m: 0.5)  # (a scripted trial reports no time: the target's estimate is the search's)
+        finish(s, f"r{i}", p, lambda m: 0.5)  # (scripted: no time reported, the target's estimate is the search's)
     target = plan_of(s.suggest("target"))
     assert target.kind == TrialKind.TARGET and target.cpus == target_cpus
     s.on_trial_result("target", {"val_acc": 0.5, "trial_cpus": float(target_cpus or 1), "trial_gpus": float(gpus)})

@@ -117,7 +117,8 @@ class HydroSearcher(Searcher):
     returned. The options but ``seeds`` act only on a shrunk search (``scale`` > 1) with stages: set away from
     their defaults otherwise, they raise ``ValueError``. The run logs the stages' cost up front (escalation's and
     the fallback targets' as a maximum), the returned configuration's score at each scale and the transfer check
-    (a warning when rankings of consecutive scales disagree). Use it with ``TuneConfig(num_samples=-1)``: this searcher says when the run has no more trials.
+    (a warning when rankings of consecutive scales disagree). Use it with ``TuneConfig(num_samples=-1)``: this
+    searcher says when the run has no more trials.
     ``data``: the ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when
     needed). ``trial_cpus``: CPUs (torch threads) each trial trains with (Tune's default: 1); ``plan_fusion``
     measures with as many. ``trial_resources``: one trial's Ray resources as its trainable asks for them
