@@ -39,7 +39,8 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def wait_for_dashboard(url: str, head: subprocess.Popen, timeout_s: float = 90.0) -> None:
+def wait_for_server(url: str, head: subprocess.Popen, timeout_s: float = 90.0) -> None:
+    """Wait until the head's HTTP server at ``url`` answers (an HTTP error counts: it is up)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if head.poll() is not None:
@@ -51,7 +52,7 @@ def wait_for_dashboard(url: str, head: subprocess.Popen, timeout_s: float = 90.0
             return
         except OSError:
             time.sleep(1)
-    raise TimeoutError(f"the Ray dashboard at {url} did not come up in {timeout_s} s")
+    raise TimeoutError(f"the Ray server at {url} did not come up in {timeout_s} s")
 
 
 def hydro_rows(out: str) -> list[str]:
@@ -83,7 +84,10 @@ def test_ray_job_submit_and_address_with_token_authentication(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{dashboard}"
-        wait_for_dashboard(url, head)
+        wait_for_server(url, head)
+        # The job submission goes through the head's dashboard agent, which starts after the dashboard; Ray's job
+        # server waits only 10 s for it, less than it can take on a loaded 2-core machine ("No available agent").
+        wait_for_server(f"http://127.0.0.1:{agent}", head)
         # As the README says: the job submission client sends the token with RAY_AUTH_MODE=token.
         job = subprocess.run(
             [str(RAY), "job", "submit", "--address", url, "--working-dir", str(REPO), "--",
