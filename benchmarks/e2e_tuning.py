@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import sys
@@ -106,7 +107,7 @@ def main() -> int:
         best_config, in_run, data_wait, results = run()
         wall = time.perf_counter() - start
         target = Score.of(train_full_size(spec, best_config, mup=scale > 1, seed=spec.seed + i)[spec.metric]
-                          for i in range(args.target_seeds))
+                          for i in range(args.target_seeds)) or Score(math.nan, math.nan, 0)  # (none finite)
         timeline = stages(results, started_at)
         rows.append({"run": name, "wall_s": wall, "best_config": best_config, "in_run_best": in_run,
                      "target_" + spec.metric: target.mean, "target_spread": target.spread,
@@ -230,7 +231,8 @@ def report(rows: list[dict], spec: TuneSpec, args) -> None:
         row["speedup_vs_a"] = base["wall_s"] / row["wall_s"]
         row["relative_to_a"] = (row[metric] - base[metric]) / abs(base[metric])
         config = ", ".join(f"{k}={v:.3g}" for k, v in row["best_config"].items())
-        target = f"{row[metric]:.4f}" + (f" ± {row['target_spread']:.4f}" if row["target_seeds"] > 1 else "")
+        target = f"{row[metric]:.4f}" + (f" ± {row['target_spread']:.4f}" if row["target_seeds"] > 1 else "") + \
+            (f" (n={row['target_seeds']})" if row["target_seeds"] < args.target_seeds else "")  # diverged seeds
         print(f"{row['run']:<42} {row['wall_s']:7.0f} {row['speedup_vs_a']:8.2f}x {row['in_run_best']:11.4f} "
               f"{target:>15} {row['relative_to_a']:+10.2%} {row['data_wait_fraction']:9.1%}  {config}")
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from hydro.trial.spec import TuneSpec
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table, target_result
 from hydro.tune.run import TuningFailed, asha, check_arguments, fit, optuna_tpe, prepare
 from hydro.tune.trainable import require_resources, trial_resources
-from schedulers.transfer import Disagreement, TransferPolicy
+from schedulers.transfer import STAGE_OPTIONS, Disagreement, TransferPolicy
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,8 +75,7 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-TRANSFER_OPTIONS = ("ladder", "eta", "top_k", "seeds", "escalate", "disagreement", "probes", "probe_margin",
-                    "max_target_drop", "fallback_targets", "min_agreement")  # TransferPolicy fields the CLI sets
+TRANSFER_OPTIONS = ("seeds", *STAGE_OPTIONS)  # the TransferPolicy fields the CLI sets
 
 
 def _add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
