@@ -34,6 +34,7 @@ from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.spec import TuneSpec
 from hydro.tune.examples import digits_mlp
 from hydro.tune.fill_trainable import WAIT_S
+from hydro.tune.cli import worker_pythonpath
 from hydro.tune.pipeline_job import PipelineJob
 
 CHUNK = 5  # iterations per job.run call
@@ -171,7 +172,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    ray.init(num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath(str(REPO))}})
     spec = PipelineSpec(width=args.width, depth=8, microbatches=4, microbatch_size=32)
     tune_spec, _ = digits_mlp(epochs=10_000)
     plan = TrialPlan(TrialKind.SURROGATE, [(f"m{i}", {"lr": 0.1 / (i + 1), "momentum": 0.9, "weight_decay": 0.0})

@@ -12,6 +12,7 @@ import sys
 import sysconfig
 import time
 import traceback
+from collections.abc import Mapping
 
 import pandas as pd
 
@@ -260,9 +261,16 @@ def connect(address: str | None) -> bool:
         ray.init(address=address)
     else:
         _loopback_only()
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": PACKAGE_ROOT}})
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
         return True
     return False
+
+
+def worker_pythonpath(root: str = PACKAGE_ROOT, environ: Mapping[str, str] = os.environ) -> str:
+    """``PYTHONPATH`` for the workers of an embedded cluster: ``root`` (so they import this Hydro), then the
+    driver's own entries. A runtime env's ``env_vars`` replace a variable rather than extend it, so passing
+    ``root`` alone would hide the user's modules (and any packages installed there) from the trials."""
+    return os.pathsep.join([root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
 
 
 def _reachable(address: str, timeout_s: float = 10.0) -> None:
