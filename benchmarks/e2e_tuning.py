@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +49,9 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from benchmarks.transfer_fidelity import residual_mlp
 from hydro.cli import at_least
+from hydro.tune.cli import worker_pythonpath
+from hydro.energy.device import EnergyError
+from hydro.energy.nvml import load_pynvml
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
 from hydro.trial.unit import FusedTrial
 from hydro.tune import TuneSpec, best_configuration, trainable
@@ -78,17 +83,21 @@ def main() -> int:
     parser.add_argument("--workload", choices=["digits-mlp", "cifar-resnet", "resmlp-wide"], default="digits-mlp")
     parser.add_argument("--device", default="auto", help="TuneSpec.device: auto (the GPU Ray gives a trial), cpu, cuda")
     parser.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs each trial asks Ray for")
+    parser.add_argument("--image-noise", type=float, default=1.0,
+                        help="cifar-resnet: per-pixel noise of the generated images (1: every run reaches 100%%)")
+    parser.add_argument("--data-workers", type=at_least(0), default=0,
+                        help="TuneSpec.data_workers: DataLoader processes per trial (cifar-resnet's Dataset)")
     parser.add_argument("--target-seeds", type=at_least(1), default=1,
                         help="seeds each run's best configuration is trained with at full size (mean ± spread)")
     args = parser.parse_args()
     if args.quick:
         args.samples, args.epochs, args.hidden = 16, 3, 256
     spec, space = workload(args)
-    spec.device = args.device
+    spec.device, spec.data_workers = args.device, args.data_workers
     drawn = RandomSearch(space, seed=args.seed)
     configs = [drawn.suggest(str(i)) for i in range(args.samples)]
     ray.init(num_cpus=args.concurrency, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath(str(ROOT))}})
     scheduler = (lambda: asha(spec)) if args.scheduler == "asha" else (lambda: None)
     hydro_options = dict(num_samples=args.samples, storage_path=args.storage, seed=args.seed, verbose=0,
                          max_concurrent_trials=args.concurrency, gpus_per_trial=args.gpus_per_trial)
@@ -104,14 +113,16 @@ def main() -> int:
     for name, scale, run in runs:
         print(f"\n=== {name}", flush=True)
         start, started_at = time.perf_counter(), time.time()
-        best_config, in_run, data_wait, results = run()
+        with GpuUsage() as gpu:
+            best_config, in_run, data_wait, results = run()
         wall = time.perf_counter() - start
         target = Score.of(train_full_size(spec, best_config, mup=scale > 1, seed=spec.seed + i)[spec.metric]
                           for i in range(args.target_seeds)) or Score(math.nan, math.nan, 0)  # (none finite)
         timeline = stages(results, started_at)
         rows.append({"run": name, "wall_s": wall, "best_config": best_config, "in_run_best": in_run,
                      "target_" + spec.metric: target.mean, "target_spread": target.spread,
-                     "target_seeds": target.count, "data_wait_fraction": data_wait, "stages": timeline})
+                     "target_seeds": target.count, "data_wait_fraction": data_wait, "stages": timeline,
+                     "gpu_util_pct": gpu.util_pct, "gpu_energy_j": gpu.energy_j})
         print(f"{name}: {wall:.0f} s, best {best_config}, target {spec.metric} {target}", flush=True)
         print("  stages: " + "; ".join(
             f"{s['stage']}: {len(s['members'])} trial{'s' * (len(s['members']) > 1)} of "
@@ -122,18 +133,56 @@ def main() -> int:
     return 0
 
 
+class GpuUsage:
+    """The machine's GPUs over a block, read (never set) through NVML: ``util_pct``, the mean over GPUs and
+    samples (every ``interval_s``) of the fraction of time a kernel ran, in %; ``energy_j``, their energy in J.
+    Both ``None`` on a machine without NVML GPUs."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        try:
+            self._nvml = load_pynvml()
+            self._gpus = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._nvml.nvmlDeviceGetCount())]
+        except EnergyError:
+            self._gpus = []
+        self.interval_s, self.util_pct, self.energy_j = interval_s, None, None
+        self._samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _energy_mj(self) -> int:
+        return sum(self._nvml.nvmlDeviceGetTotalEnergyConsumption(g) for g in self._gpus)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._samples.extend(self._nvml.nvmlDeviceGetUtilizationRates(g).gpu for g in self._gpus)
+
+    def __enter__(self) -> GpuUsage:
+        if self._gpus:
+            self._energy_start = self._energy_mj()
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._gpus:
+            self._stop.set()
+            self._thread.join()
+            self.energy_j = (self._energy_mj() - self._energy_start) / 1e3
+            self.util_pct = sum(self._samples) / len(self._samples) if self._samples else None
+
+
 def workload(args: argparse.Namespace) -> tuple[TuneSpec, dict]:
     """The ``--workload``'s spec and param space."""
     if args.workload == "digits-mlp":
         return digits_mlp(epochs=args.epochs, hidden=args.hidden)
     if args.workload == "resmlp-wide":
         return residual_mlp(epochs=args.epochs, width=args.hidden)
-    return cifar_resnet(args.epochs)
+    return cifar_resnet(args.epochs, args.image_noise)
 
 
-def cifar_resnet(epochs: int) -> tuple[TuneSpec, dict]:
-    """CIFAR-style ResNet-18 on generated CIFAR-shaped images, SGD; validation accuracy."""
-    spec = TuneSpec(model=_resnet, data=synthetic_cifar, loss=nn.CrossEntropyLoss(), optimizer=_sgd, metric="val_acc",
+def cifar_resnet(epochs: int, noise: float = 1.0) -> tuple[TuneSpec, dict]:
+    """CIFAR-style ResNet-18 on generated CIFAR-shaped images (per-pixel ``noise``), SGD; validation accuracy."""
+    data = synthetic_cifar if noise == 1.0 else functools.partial(synthetic_cifar, noise=noise)
+    spec = TuneSpec(model=_resnet, data=data, loss=nn.CrossEntropyLoss(), optimizer=_sgd, metric="val_acc",
                     mode="max", metrics={"val_acc": accuracy}, epochs=epochs, batch_size=128)
     return spec, {"lr": tune.loguniform(1e-3, 0.5), "momentum": tune.choice([0.0, 0.5, 0.9]),
                   "weight_decay": tune.choice([0.0, 1e-4, 5e-4])}
@@ -226,15 +275,17 @@ def report(rows: list[dict], spec: TuneSpec, args) -> None:
           f"concurrency={args.concurrency}, device={args.device}, gpus/trial={args.gpus_per_trial}, {os.cpu_count()} "
           f"CPUs (load average at the end: {os.getloadavg()[0]:.1f})\n")
     print(f"{'run':<42} {'wall s':>7} {'speed-up':>9} {'in-run best':>11} {metric:>15} {'rel. to (a)':>11} "
-          f"{'data wait':>9}  best configuration")
+          f"{'data wait':>9} {'GPU util':>8} {'GPU kJ':>8}  best configuration")
     for row in rows:
         row["speedup_vs_a"] = base["wall_s"] / row["wall_s"]
         row["relative_to_a"] = (row[metric] - base[metric]) / abs(base[metric])
         config = ", ".join(f"{k}={v:.3g}" for k, v in row["best_config"].items())
+        kilojoules = None if row["gpu_energy_j"] is None else row["gpu_energy_j"] / 1e3
         target = f"{row[metric]:.4f}" + (f" ± {row['target_spread']:.4f}" if row["target_seeds"] > 1 else "") + \
             (f" (n={row['target_seeds']})" if row["target_seeds"] < args.target_seeds else "")  # diverged seeds
         print(f"{row['run']:<42} {row['wall_s']:7.0f} {row['speedup_vs_a']:8.2f}x {row['in_run_best']:11.4f} "
-              f"{target:>15} {row['relative_to_a']:+10.2%} {row['data_wait_fraction']:9.1%}  {config}")
+              f"{target:>15} {row['relative_to_a']:+10.2%} {row['data_wait_fraction']:9.1%} "
+              f"{_shown(row['gpu_util_pct'], '.0f', '%')} {_shown(kilojoules, '.1f', '')}  {config}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("e2e_tuning.json" if args.hidden == 1024 else f"e2e_tuning_hidden{args.hidden}.json")
     if args.workload != "digits-mlp" or args.device != "auto":
@@ -245,6 +296,11 @@ def report(rows: list[dict], spec: TuneSpec, args) -> None:
                                "ray": ray.__version__, "machine": platform.machine(), "rows": rows},
                               indent=2, default=str))
     print(f"\nwritten: {out}")
+
+
+def _shown(value: float | None, spec: str, unit: str) -> str:
+    """``value`` formatted for the table, right-aligned in 8 columns; ``-`` when not measured."""
+    return f"{'-' if value is None else format(value, spec) + unit:>8}"
 
 
 if __name__ == "__main__":

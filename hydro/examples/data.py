@@ -82,6 +82,7 @@ class SyntheticImages(torch.utils.data.Dataset):
         return image, label
 
 
-def synthetic_cifar(train: int = 5000, val: int = 1000, seed: int = 0) -> tuple[SyntheticImages, SyntheticImages]:
+def synthetic_cifar(train: int = 5000, val: int = 1000, seed: int = 0,
+                    noise: float = 1.0) -> tuple[SyntheticImages, SyntheticImages]:
     """Train and validation splits of :class:`SyntheticImages` (same class templates, disjoint samples)."""
-    return SyntheticImages(train, seed=seed), SyntheticImages(val, seed=seed, first=train)
+    return SyntheticImages(train, noise=noise, seed=seed), SyntheticImages(val, noise=noise, seed=seed, first=train)
