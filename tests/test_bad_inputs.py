@@ -11,8 +11,8 @@ were silent (no error anywhere before tuning: wrong results or wasted work), unc
 error, a message that named neither the problem nor the fix; for a ``TuneSpec`` field accepted as given, what
 ``prepare`` then said) or late (clear, but after Ray had started) when the census was taken, and were fixed with it.
 
-Counts: 207 bad inputs tried (170 API, 37 CLI); 115 clear before the census (or checked since their option
-exists); 92 fixed with it (36 silent, 54 unclear, 2 late); 0 silent or unclear now.
+Counts: 208 bad inputs tried (171 API, 37 CLI); 115 clear before the census (or checked since their option
+exists); 93 fixed with it (36 silent, 55 unclear, 2 late); 0 silent or unclear now.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from hydro.optim import lr_scheduler as sched
 from hydro.trial.check import WorkloadError
 from hydro.tune import HydroSearcher, accuracy
 from hydro.tune.energy_scheduler import EnergyScheduler, for_hydro
+from hydro.tune.pipeline_job import PipelineJob
 from hydro.tune.run import check_arguments, fit, prepare
 from schedulers.member_stopping import ASHA, ConvergenceStopping
 from tests.tune.workload import SPACE, spec
@@ -410,6 +411,8 @@ CASES = [
          "PipelineSpec.lr must be >= 0, got -0.1"),
     case("pipeline-more-stages-than-layers", lambda: PipelineSpec(depth=2).stage_model(0, 4), ValueError,
          "bubbles: stage 0 of 4 stages; the model has 3 linear layers (depth + 1), so use 1..3 stages"),
+    case("pipeline-stages-share-a-gpu", lambda: PipelineJob(PipelineSpec(), 2, num_gpus_per_stage=0.5),  # fixed
+         ValueError, "num_gpus_per_stage=0.5 lets Ray put two stages on one GPU, and NCCL cannot connect two ranks"),
     case("schedule-no-stages", lambda: one_f_one_b(0, 4), ValueError,  # fixed
          "a 1F1B schedule needs at least one stage and one microbatch, got num_stages=0, num_microbatches=4"),
 ]

@@ -133,6 +133,11 @@ class PipelineJob:
     def __init__(self, spec: PipelineSpec, num_stages: int = 2, name: str = "main",
                  fill_memory_bytes: int | None = None, num_cpus_per_stage: float = 1, num_gpus_per_stage: float = 0,
                  timeouts: dict | None = None) -> None:
+        if 0 < num_gpus_per_stage < 1 and num_stages > 1:
+            raise ValueError(
+                f"pipeline_job: num_gpus_per_stage={num_gpus_per_stage} lets Ray put two stages on one GPU, and NCCL "
+                f"cannot connect two ranks on one device (NCCL 2.28 on an H200: 'invalid usage'); give each stage a "
+                f"whole GPU (num_gpus_per_stage=1) or run the stages on CPUs with gloo (num_gpus_per_stage=0)")
         self.spec, self.num_stages, self.name = spec, num_stages, name
         address = f"tcp://127.0.0.1:{_free_port()}"
         actor = stage_actor(num_cpus_per_stage, num_gpus_per_stage)
