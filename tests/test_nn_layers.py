@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from hydro.nn import FusedModule, VmapModule, fuse_layer
+from hydro.nn import FusedModule, VmapModule, attention, fuse_layer
 
 MEMBERS = 3
 
@@ -181,3 +181,34 @@ def test_direct_construction_initialises_like_torch():
     for i, ref in enumerate(refs):
         torch.testing.assert_close(fused.weight[i], ref.weight)
         torch.testing.assert_close(fused.bias[i], ref.bias)
+
+
+@pytest.mark.parametrize("max_batch", [None, 4])
+@pytest.mark.parametrize("masks", ["none", "causal", "key padding", "both"])
+def test_fused_attention_equals_the_members_alone_bitwise(masks, max_batch, monkeypatch):
+    """Scaled dot-product attention runs on the members' batches as one 4-D batch, as each member alone does: the
+    same kernel, so outputs and input gradients are bitwise equal (5-D inputs took SDPA's math path: off by
+    1e-7). Weight gradients sum over the batch in a batched matmul, in another order than alone: close.
+    ``max_batch``: the F*N rows attend in calls of at most that many (cuDNN's limit): here 3 calls of 4 rows
+    and one of 3."""
+    if max_batch is not None:
+        monkeypatch.setattr(attention, "SDPA_MAX_BATCH", max_batch)
+    torch.manual_seed(0)
+    modules = [nn.MultiheadAttention(16, 4, batch_first=True) for _ in range(MEMBERS)]
+    twin, _ = fuse_layer(modules)
+    x = torch.randn(MEMBERS, 5, 7, 16)
+    kwargs = {"need_weights": False}
+    if masks in ("causal", "both"):
+        kwargs["attn_mask"] = nn.Transformer.generate_square_subsequent_mask(7)
+    if masks in ("key padding", "both"):
+        kwargs["key_padding_mask"] = torch.arange(7).expand(5, 7) >= torch.tensor([[7], [5], [6], [3], [7]])
+    fused_x = x.clone().requires_grad_()
+    out = twin(fused_x, fused_x, fused_x, **kwargs)[0]
+    out.sum().backward()
+    for i, module in enumerate(modules):
+        alone_x = x[i].clone().requires_grad_()
+        alone = module(alone_x, alone_x, alone_x, **kwargs)[0]
+        alone.sum().backward()
+        assert torch.equal(out[i], alone)
+        assert torch.equal(fused_x.grad[i], alone_x.grad)
+        torch.testing.assert_close(twin.in_proj_weight.grad[i], module.in_proj_weight.grad)
