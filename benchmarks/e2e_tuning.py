@@ -54,7 +54,7 @@ from benchmarks.transfer_fidelity import residual_mlp
 from hydro.cli import at_least
 from hydro.tune.cli import worker_pythonpath
 from hydro.energy.device import EnergyError
-from hydro.energy.nvml import load_pynvml
+from hydro.energy.nvml import nvml_devices
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
 from hydro.trial.unit import FusedTrial
 from hydro.tune import TuneSpec, best_configuration, trainable
@@ -138,13 +138,12 @@ def main() -> int:
 
 class GpuUsage:
     """The machine's GPUs over a block, read (never set) through NVML: ``util_pct``, the mean over GPUs and
-    samples (every ``interval_s``) of the fraction of time a kernel ran, in %; ``energy_j``, their energy in J.
+    samples (every ``interval_s``) of the share of time a kernel ran, in %; ``energy_j``, their energy in J.
     Both ``None`` on a machine without NVML GPUs."""
 
     def __init__(self, interval_s: float = 0.5) -> None:
         try:
-            self._nvml = load_pynvml()
-            self._gpus = [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._nvml.nvmlDeviceGetCount())]
+            self._gpus = nvml_devices()
         except EnergyError:
             self._gpus = []
         self.interval_s, self.util_pct, self.energy_j = interval_s, None, None
@@ -152,16 +151,13 @@ class GpuUsage:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    def _energy_mj(self) -> int:
-        return sum(self._nvml.nvmlDeviceGetTotalEnergyConsumption(g) for g in self._gpus)
-
     def _sample(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._samples.extend(self._nvml.nvmlDeviceGetUtilizationRates(g).gpu for g in self._gpus)
+            self._samples.extend(gpu.utilization_pct() for gpu in self._gpus)
 
     def __enter__(self) -> GpuUsage:
         if self._gpus:
-            self._energy_start = self._energy_mj()
+            self._energy_start = sum(gpu.energy_j() for gpu in self._gpus)
             self._thread.start()
         return self
 
@@ -169,8 +165,10 @@ class GpuUsage:
         if self._gpus:
             self._stop.set()
             self._thread.join()
-            self.energy_j = (self._energy_mj() - self._energy_start) / 1e3
+            self.energy_j = sum(gpu.energy_j() for gpu in self._gpus) - self._energy_start
             self.util_pct = sum(self._samples) / len(self._samples) if self._samples else None
+            for gpu in self._gpus:
+                gpu.close()
 
 
 def workload(args: argparse.Namespace) -> tuple[TuneSpec, dict]:

@@ -125,6 +125,11 @@ class NVMLDevice(EnergyDevice):
         with nvml_errors(self._nvml, f"{self.name}: nvmlDeviceGetTotalEnergyConsumption"):
             return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0
 
+    def utilization_pct(self) -> float:
+        """Share of the last sample period (1/6 s to 1 s, by GPU) in which a kernel ran, in % (read only)."""
+        with nvml_errors(self._nvml, f"{self.name}: nvmlDeviceGetUtilizationRates"):
+            return float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
     def power_limit_range_w(self) -> tuple[float, float]:
         with nvml_errors(self._nvml, f"{self.name}: nvmlDeviceGetPowerManagementLimitConstraints"):
             low, high = self._nvml.nvmlDeviceGetPowerManagementLimitConstraints(self._handle)

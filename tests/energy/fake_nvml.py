@@ -14,6 +14,7 @@ class FakeGPU:
         self.limit_mw = max_mw
         self.power_mw = power_mw
         self.energy_mj = 1_000_000
+        self.util_pct = 0
         self.set_history: list[int] = []
 
 
@@ -58,6 +59,7 @@ def make_fake_pynvml(gpus: list[FakeGPU], *, can_set: bool = True, init_error: i
     m.nvmlDeviceGetArchitecture = lambda g: g.arch
     m.nvmlDeviceGetTotalEnergyConsumption = energy
     m.nvmlDeviceGetPowerUsage = lambda g: g.power_mw
+    m.nvmlDeviceGetUtilizationRates = lambda g: types.SimpleNamespace(gpu=g.util_pct, memory=0)
     m.nvmlDeviceGetPowerManagementLimitConstraints = lambda g: (g.min_mw, g.max_mw)
     m.nvmlDeviceGetPowerManagementLimit = lambda g: g.limit_mw
     m.nvmlDeviceSetPowerManagementLimit = set_limit

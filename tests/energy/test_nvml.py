@@ -121,3 +121,24 @@ def test_real_nvml_on_this_machine_reports_a_typed_error_or_devices():
     finally:
         for d in devices:
             d.close()
+
+
+def test_the_e2e_benchmarks_gpu_usage_reads_utilisation_and_energy(monkeypatch):
+    """``benchmarks/e2e_tuning.py``'s GPU columns: every GPU's utilisation sampled over the block and their
+    energy over it (a pre-Volta GPU's integrated from power samples); ``None`` where NVML finds no driver."""
+    from benchmarks.e2e_tuning import GpuUsage
+
+    volta, pascal = FakeGPU("GPU-aaaa", VOLTA), FakeGPU("GPU-bbbb", PASCAL, power_mw=100_000)
+    volta.util_pct, pascal.util_pct = 80, 40
+    _install(monkeypatch, [volta, pascal])
+    started = time.monotonic()
+    with GpuUsage(interval_s=0.01) as usage:
+        volta.energy_mj += 2500
+        time.sleep(0.2)
+    elapsed = time.monotonic() - started
+    assert usage.util_pct == pytest.approx(60)
+    assert 2.5 + 100 * 0.2 <= usage.energy_j <= 2.5 + 100 * elapsed  # 2.5 J counted, the block at 100 W sampled
+    _install(monkeypatch, [volta], init_error=real.NVML_ERROR_LIBRARY_NOT_FOUND)
+    with GpuUsage() as usage:
+        pass
+    assert usage.util_pct is None and usage.energy_j is None
