@@ -14,6 +14,7 @@ from torch import Tensor
 
 from hydro.checks import check
 from hydro.nn.base import member_view
+from hydro.optim.dynamo_guard import unguarded
 from hydro.shrink.mup import group_by_multipliers
 
 
@@ -78,7 +79,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                              "wd_mult": param_group.get("wd_mult", self.defaults["wd_mult"]) * wd_mult})
 
     def _add_group(self, param_group: dict) -> None:
-        super().add_param_group(param_group)
+        unguarded("add_param_group")(self, param_group)
         group = self.param_groups[-1]
         count = member_count([p for g in self.param_groups for p in g["params"]])
         if self.num_members is not None and count != self.num_members:  # plain parameters joined fused-looking ones
@@ -87,6 +88,16 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.num_members = count
         self._normalize(group)
         self._validate(group)
+
+    # torch.optim's methods, without importing torch._dynamo before anything compiles (see hydro.optim.dynamo_guard)
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        unguarded("zero_grad")(self, set_to_none)
+
+    def state_dict(self) -> dict:
+        return unguarded("state_dict")(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        unguarded("load_state_dict")(self, state_dict)
 
     def _as_plain(self, group: dict) -> None:
         """An earlier group, normalised for ``F`` members, as the one member of unfused parameters."""

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import torch
 
 from hydro.binder import FuseError
+from hydro.optim.dynamo_guard import optimizers_unguarded
 from hydro.shrink.errors import ShrinkError
 from hydro.trial.optimizer import UnsupportedOptimizer
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
@@ -35,7 +36,8 @@ def check_member(spec: TuneSpec, config: Mapping) -> str | None:
     try:
         if spec.batch_size_of(config) < 1:
             raise ValueError(f"batch_size must be >= 1, got {spec.batch_size_of(config)}")
-        spec.optimizer([torch.nn.Parameter(torch.zeros(1))], config)
+        with optimizers_unguarded():  # a probe, as hydro.trial.optimizer's
+            spec.optimizer([torch.nn.Parameter(torch.zeros(1))], config)
         try:
             with torch.device("meta"):
                 spec.model(config)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 
 from hydro import optim as fused_optim
+from hydro.optim.dynamo_guard import optimizers_unguarded
 
 # torch class -> (hydro class, per-member hyperparameters, flags that must be equal across members)
 _TRANSLATIONS = {
@@ -48,7 +49,8 @@ def fused_optimizer(factory: Callable[..., torch.optim.Optimizer], configs: Sequ
 
 
 def _probe(factory, config: Mapping) -> torch.optim.Optimizer:
-    optimizer = factory([torch.nn.Parameter(torch.zeros(1))], config)
+    with optimizers_unguarded():  # a probe: nothing compiles it (and torch._dynamo takes 1 s to import)
+        optimizer = factory([torch.nn.Parameter(torch.zeros(1))], config)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise UnsupportedOptimizer(f"the optimizer factory must return a torch.optim.Optimizer, got "
                                    f"{type(optimizer).__name__}")

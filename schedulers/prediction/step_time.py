@@ -16,7 +16,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy.optimize import nnls
 
 OPTIMIZER = "optimizer"  # kind of the optimizer-step pseudo-layer (features: the parameters it updates)
 ALL_KINDS = "*"  # the regressor fitted over every kind (for kinds without timings)
@@ -159,6 +158,8 @@ def candidate_counts(model: StepTimeModel, layers: Sequence[LayerFeatures], batc
 
 
 def _fit_kind(rows: Sequence[LayerTiming]) -> KindFit:
+    from scipy.optimize import nnls  # 0.26 s to import: only when a model is fitted, not in every trial process
+
     design = np.array([[*t.features.fused(t.members), 1.0] for t in rows], dtype=float)
     target = np.array([t.seconds for t in rows], dtype=float)
     scale = design.max(axis=0)
