@@ -40,6 +40,18 @@ def rung_trials(work_s: float | None, slots: int, overhead_s: float = TRIAL_OVER
     return slots if work_s * (1 - 1 / slots) > overhead_s else 1
 
 
+def whole_round_counts(members: int, slots: int) -> list[int] | None:
+    """The fusion counts to measure for ``members`` search configurations over ``slots`` trial slots: for r = 1, 2,
+    4, ... rounds, the fewest members per trial that train them all in r rounds, ``⌈members / (slots·r)⌉``
+    (ascending, down to 1), so that the search's trials fill every slot in each round. plan_fusion's own ladder
+    1, 2, 4, ... has counts that do not: 24 over 2 slots at 8 per trial are 3 trials, in 2 rounds as at 6 per
+    trial, the second with one slot idle. ``None`` for one slot: any count keeps it busy."""
+    if slots <= 1:
+        return None
+    rounds = -(-members // slots)  # at one member per trial
+    return sorted({-(-members // (slots * r)) for r in [*(2 ** k for k in range(rounds.bit_length())), rounds]})
+
+
 def split_evenly(items: Sequence[T], parts: int) -> list[list[T]]:
     """``items`` in order, in ``parts`` consecutive lists whose lengths differ by at most 1 (the longer
     first); fewer when there are fewer items."""

@@ -1,7 +1,7 @@
 """Trial slots: how many trials train at once on separate compute, and members split evenly over trials."""
 import pytest
 
-from schedulers.trial_slots import rung_trials, split_evenly, trial_slots
+from schedulers.trial_slots import rung_trials, split_evenly, trial_slots, whole_round_counts
 
 TWO_CPUS = [{"CPU": 2.0, "memory": 8e9}]
 GPU_NODES = [{"CPU": 16.0, "GPU": 2.0}, {"CPU": 16.0, "GPU": 4.0}]
@@ -42,3 +42,24 @@ def test_split_evenly_keeps_order_and_balances_lengths(count, parts, lengths):
 ])
 def test_a_rung_is_spread_only_when_that_saves_more_than_a_trial_start(work_s, slots, trials):
     assert rung_trials(work_s, slots, overhead_s=5.0) == trials
+
+
+def _rounds(members: int, per_trial: int, slots: int) -> int:
+    return -(-(-(-members // per_trial)) // slots)
+
+
+@pytest.mark.parametrize("slots", [2, 3, 8])
+@pytest.mark.parametrize("members", [1, 3, 7, 24, 25, 64, 100])
+def test_whole_round_counts_are_the_fewest_members_per_trial_for_their_rounds(members, slots):
+    counts = whole_round_counts(members, slots)
+    share = -(-members // slots)
+    assert counts[0] == 1 and counts[-1] == share and counts == sorted(set(counts))
+    for count in counts:  # one member fewer per trial needs another round
+        assert count == 1 or _rounds(members, count - 1, slots) > _rounds(members, count, slots)
+    assert [_rounds(members, c, slots) for c in counts] == sorted({_rounds(members, c, slots) for c in counts},
+                                                                   reverse=True)
+
+
+def test_whole_round_counts_skip_counts_that_idle_a_slot():
+    assert whole_round_counts(24, 2) == [1, 2, 3, 6, 12]  # 8 per trial: 3 trials, one alone in a second round
+    assert whole_round_counts(24, 1) is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -45,14 +45,18 @@ class FixedFusion(FusionPlanner):
 class MeasuredFusion(FusionPlanner):
     """F measured with :func:`hydro.planning.plan_fusion` on ``device`` (default: this process's GPU, else
     CPU): fused training steps of the group's (shrunk) model on one batch of ``data``'s training split, in
-    ``spec.precision``, with ``threads`` torch threads, within ``memory_budget_bytes`` (default: the device's).
-    ``data`` is not pickled: a copy loads ``spec.load_data()`` when it next plans."""
+    ``spec.precision``, with ``threads`` torch threads, within ``memory_budget_bytes`` (default: the device's),
+    at the fusion ``counts`` (default: plan_fusion's ladder 1, 2, 4, ...; e.g. those that fill a run's trial slots
+    in whole rounds, :func:`schedulers.trial_slots.whole_round_counts`). ``data`` is not pickled: a copy loads
+    ``spec.load_data()`` when it next plans."""
 
     def __init__(self, spec: TuneSpec, scale: int, data: tuple[DataSource, DataSource], max_members: int,
-                 threads: int, device: torch.device | None = None, memory_budget_bytes: int | None = None) -> None:
+                 threads: int, device: torch.device | None = None, memory_budget_bytes: int | None = None,
+                 counts: Sequence[int] | None = None) -> None:
         self.spec, self.scale, self.data, self.max_members, self.threads = spec, scale, data, max_members, threads
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.memory_budget_bytes = memory_budget_bytes
+        self.counts = None if counts is None else [c for c in counts if c <= max_members] or [max_members]
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "data": None}  # a copy (e.g. a restored searcher's) loads the data again
@@ -75,7 +79,7 @@ class MeasuredFusion(FusionPlanner):
 
     def candidates(self, template: nn.Module, x: Tensor) -> list[int] | None:
         """The fusion counts to measure (``None``: plan_fusion's ladder)."""
-        return None
+        return self.counts
 
 
 class PredictedFusion(MeasuredFusion):

@@ -40,7 +40,7 @@ from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
 from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
-from schedulers.trial_slots import TRIAL_OVERHEAD_S, rung_trials, split_evenly, trial_slots
+from schedulers.trial_slots import TRIAL_OVERHEAD_S, rung_trials, split_evenly, trial_slots, whole_round_counts
 
 logger = logging.getLogger(__name__)
 
@@ -304,9 +304,11 @@ class HydroSearcher(Searcher):
         if self._planner is None:  # fusion="auto"
             if self._data is None:
                 self._data = self.spec.load_data()
-            pool = self.state.pool
+            pool, seeds = self.state.pool, self.transfer.seeds
+            counts = whole_round_counts(pool.num_samples, self._trial_slots())  # configurations per search trial
             self._planner = MeasuredFusion(self.spec, self.scale, self._data, min(
-                pool.max_fusion, pool.num_samples, self._search_share() * self.transfer.seeds), self.trial_cpus)
+                pool.max_fusion, pool.num_samples, self._search_share() * seeds), self.trial_cpus,
+                counts=None if counts is None else [count * seeds for count in counts])
         return self._planner.fusion_for(key, config)
 
     def _replan(self, trial_id: str, result: Mapping) -> None:

@@ -89,6 +89,27 @@ def test_fusion_auto_uses_plan_fusion(monkeypatch):
     assert len(chosen) == 1 and len(plan.members) == min(chosen[0], 4)
 
 
+@pytest.mark.parametrize("cpus, candidates, members", [
+    (2.0, [1, 2, 3, 6], 6),  # 12 configurations over 2 slots: counts that fill both in whole rounds, up to 6 each
+    (1.0, None, 12),         # one slot: plan_fusion's ladder, up to all 12
+])
+def test_fusion_auto_measures_the_counts_that_fill_the_trial_slots(monkeypatch, cpus, candidates, members):
+    import hydro.tune.searcher as searcher_module
+
+    measured, real_plan_fusion = [], fusion_module.plan_fusion
+
+    def recording_plan(*args, **kwargs):
+        measured.append(kwargs["candidates"])
+        return real_plan_fusion(*args, **kwargs)
+
+    monkeypatch.setattr(fusion_module, "plan_fusion", recording_plan)
+    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster of one node
+    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": cpus}}])
+    s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=12, fusion="auto", trial_resources={"cpu": 1})
+    plan = plan_of(s.suggest("t0"))
+    assert measured == [candidates] and len(plan.members) <= members
+
+
 def test_a_copied_searcher_keeps_its_fusion_planner_and_leaves_the_data_behind():
     """Ray pickles the searcher: a planner the user chose (here one that measures only predicted counts) stays
     that planner; the data it measured with is not pickled and is loaded again when it next plans."""
