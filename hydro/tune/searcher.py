@@ -305,7 +305,7 @@ class HydroSearcher(Searcher):
             if self._data is None:
                 self._data = self.spec.load_data()
             pool, seeds = self.state.pool, self.transfer.seeds
-            counts = whole_round_counts(pool.num_samples, self._trial_slots())  # configurations per search trial
+            counts = whole_round_counts(pool.num_samples, self._trial_slots())  # per search trial, filling the slots
             self._planner = MeasuredFusion(self.spec, self.scale, self._data, min(
                 pool.max_fusion, pool.num_samples, self._search_share() * seeds), self.trial_cpus,
                 counts=None if counts is None else [count * seeds for count in counts])
