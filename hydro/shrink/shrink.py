@@ -53,7 +53,9 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Colle
         raise ShrinkError(f"hydro.shrink: fixed must be a collection of module paths, got the string {fixed!r}. "
                           f"Fix: fixed=[{fixed!r}]")
     _check_shrinkable(model, fixed)
-    traced = copy.deepcopy(model)  # torch.fx stores tensor constants of forward on the module it traces
+    # fx stores forward's tensor constants on the module it traces, and runs forward's code on its buffers (not
+    # on its parameters, which it traces as proxies): a copy that holds the model's parameters themselves
+    traced = _copy_sharing(model, list(model.parameters()))
     graph = trace(traced)
     fixed_fields: set[tuple[str, str]] = set()
     kept: list[KeptWidth] = []
@@ -79,7 +81,9 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Colle
                 continue
             fixed_fields.update(fields)
             kept.append(KeptWidth(problem.cause, tuple(sorted(f"'{p}'.{f}" for p, f in fields))))
-    surrogate = copy.deepcopy(model)
+    replaced = [t for path in layers for t in _tensors(model.get_submodule(path))]
+    sliced = [_tensor_at(model, name) for name, (group, _) in plan.tensors.items() if plan.scaled(group)]
+    surrogate = _copy_sharing(model, [*replaced, *sliced])  # those are rebuilt or sliced copies below
     for path, layer in layers.items():
         _set_module(surrogate, path, layer)
     for name, (group, dim) in plan.tensors.items():
@@ -212,27 +216,48 @@ def _copy_state(template: nn.Module, layer: nn.Module) -> None:
     if sorted(names) != sorted(source):
         raise ShrinkError(f"hydro.shrink: the rebuilt {type(layer).__name__} has tensors {sorted(names)} where "
                           f"{type(template).__name__} has {sorted(source)}; its shrink rule must keep torch's names")
-    layer.to_empty(device=next(iter(source.values())).device if source else "cpu")
-    with torch.no_grad():
-        for name, tensor in [*layer.named_parameters(), *layer.named_buffers()]:
-            tensor.copy_(source[name])
+    for name, tensor in [*layer.named_parameters(), *layer.named_buffers()]:  # not to_empty: it imports sympy
+        _set_tensor(layer, name, tensor, source[name].detach().clone())
 
 
 @torch.no_grad()
 def _slice_tensor(model: nn.Module, name: str, dim: int, scale: int) -> None:
     """Keep the first 1/scale of dimension ``dim`` of parameter or buffer ``name`` (a width)."""
+    tensor = _tensor_at(model, name)
+    base = tensor.shape
+    new = _set_tensor(model, name, tensor, tensor.narrow(dim, 0, base[dim] // scale).clone())
+    if isinstance(new, nn.Parameter):
+        setattr(new, MUP_ATTR, MuShape(tuple(n if d == dim else None for d, n in enumerate(base)), tuple(new.shape)))
+
+
+def _set_tensor(model: nn.Module, name: str, old: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Put ``value`` where ``model`` holds ``old`` under ``name``: a parameter as ``old`` requires grad, else a
+    buffer as persistent as ``old``; returns what it put."""
     owner_path, _, attr = name.rpartition(".")
     owner = model.get_submodule(owner_path)
-    tensor = getattr(owner, attr)
-    base = tensor.shape
-    sliced = tensor.narrow(dim, 0, base[dim] // scale).clone()
-    if isinstance(tensor, nn.Parameter):
-        param = nn.Parameter(sliced, tensor.requires_grad)
-        setattr(param, MUP_ATTR, MuShape(tuple(n if d == dim else None for d, n in enumerate(base)),
-                                         tuple(param.shape)))
-        setattr(owner, attr, param)
+    if isinstance(old, nn.Parameter):
+        value = nn.Parameter(value, old.requires_grad)
+        setattr(owner, attr, value)
     else:
-        owner.register_buffer(attr, sliced, persistent=attr not in owner._non_persistent_buffers_set)
+        owner.register_buffer(attr, value, persistent=attr not in owner._non_persistent_buffers_set)
+    return value
+
+
+def _tensor_at(model: nn.Module, name: str) -> torch.Tensor:
+    """The tensor attribute ``name`` (a dotted path) of ``model``."""
+    owner_path, _, attr = name.rpartition(".")
+    return getattr(model.get_submodule(owner_path), attr)
+
+
+def _tensors(module: nn.Module) -> list[torch.Tensor]:
+    """The parameters and buffers of ``module`` and its submodules."""
+    return [*module.parameters(), *module.buffers()]
+
+
+def _copy_sharing(model: nn.Module, shared: list[torch.Tensor]) -> nn.Module:
+    """A deep copy of ``model`` that holds the ``shared`` tensors themselves instead of copies: tensors the copy
+    only reads or that are replaced in it, so a full-size model's weights are not copied to be thrown away."""
+    return copy.deepcopy(model, {id(tensor): tensor for tensor in shared})
 
 
 def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:

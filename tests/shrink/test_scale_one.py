@@ -3,6 +3,8 @@ same parameter and buffer values (a custom initialisation and the readout's incl
 and eval mode, the same training under µP's (all 1) multipliers, no random draws; only the µP shapes are added."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -108,3 +110,36 @@ def test_scale_one_trains_like_the_users_model(case):
         "the steps left some tensors as they were"
     for name, tensor in plain.items():
         assert torch.equal(target[name], tensor), name
+
+
+class CountingMLP(nn.Module):
+    """Forward updates a buffer in place: tracing runs that code on the traced module's buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = nn.Linear(16, 64), nn.Linear(64, 10)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.calls.add_(1)
+        return self.out(torch.relu(self.hidden(x)))
+
+
+@pytest.mark.parametrize("scale", [1, 2])
+@pytest.mark.parametrize("make", [*(make for make, _ in CASES.values()), CountingMLP], ids=[*CASES, "counting-mlp"])
+def test_shrink_leaves_the_users_model_alone(make, scale):
+    """shrink traces and rebuilds while sharing the model's parameters instead of copying them: the model keeps its
+    values and attributes, and the surrogate holds none of its storage."""
+    torch.manual_seed(0)
+    model = make()
+    before = {name: tensor.clone() for name, tensor in state(model).items()}
+    attributes = {path: set(vars(module)) for path, module in model.named_modules()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hydro.ShrinkWarning)  # widths kept at full size are not the point
+        surrogate = hydro.shrink(model, scale)
+    assert {path: set(vars(module)) for path, module in model.named_modules()} == attributes
+    for name, tensor in state(model).items():
+        assert torch.equal(tensor, before[name]), name
+    storage = {t.untyped_storage().data_ptr() for t in state(model).values()}
+    shared = [name for name, t in state(surrogate).items() if t.untyped_storage().data_ptr() in storage]
+    assert not shared, f"{shared} share the user's storage"
