@@ -234,6 +234,9 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
                                               "disagreement": Disagreement.LIKELY},
     "S=8 ladder+escalate-probe+fallback-2": {"scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2,
                                              "disagreement": Disagreement.PROBE},  # TransferPolicy's defaults
+    "S=8 ladder+escalate-probe+fallback-2 on 2 slots": {"scale": 8, "ladder": True, "escalate": True,
+                                                        "fallback_targets": 2, "disagreement": Disagreement.PROBE,
+                                                        "slots": 2},  # HydroSearcher's on 2 CPU trial slots
     "S=8 ladder+escalate-probe+fallback-2-at-0.5%": {"scale": 8, "ladder": True, "escalate": True,
                                                      "fallback_targets": 2, "disagreement": Disagreement.PROBE,
                                                      "max_target_drop": 0.005},

@@ -224,10 +224,13 @@ class TransferPolicy:
     the speed; on ``benchmarks/transfer_fidelity.py`` the probes that escalated led by 1.2-5.8%, the two that
     caught real failures, residual-MLP seeds 3 and 6, by 2.5% and 4.1%, and the margin changed no answer).
     ``fallback_targets``: on a regression of the returned target that escalation did not cure, the next
-    configurations in ladder order trained at full size (at most this many, once). An unshrunk search
-    (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full size, with no
-    regression check (a re-run, not a transfer), and the options other than ``seeds``, which cannot act there or
-    without stages (``fraction`` ``None``), are refused when set away from their defaults (``ValueError``).
+    configurations in ladder order trained at full size (at most this many, once). ``slots``: how many trials of a
+    rung train at once where a trial's time grows with its members (CPU trials; set by the searcher): a rung leaves
+    out the configurations of a last round of the slots that would be at most half full (on 2 slots, a rung of 3
+    configurations at S=2 trains as trials of 2 and 1 members, in twice the time of 1 and 1: it keeps 2).
+    An unshrunk search (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full
+    size, with no regression check (a re-run, not a transfer), and the options other than ``seeds``, which cannot act
+    there or without stages (``fraction`` ``None``), are refused when set away from their defaults (``ValueError``).
 
     Defaults (the ladder, one full-size target, one seed, escalation with 3 probes, 2 fallback targets) are what won
     ``benchmarks/transfer_fidelity.py``: the ladder as good as top-2 or seed repeats on its workloads, for less;
@@ -253,11 +256,13 @@ class TransferPolicy:
     probes: int = 3
     probe_margin: float = 0.01
     fallback_targets: int = 2
+    slots: int = 1
 
     def __post_init__(self) -> None:
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ValueError(f"transfer_fraction must be in (0, 1] or None, got {self.fraction}")
-        for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2), ("fallback_targets", 0), ("probes", 0)):
+        for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2), ("fallback_targets", 0), ("probes", 0),
+                          ("slots", 1)):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
                 raise ValueError(f"TransferPolicy: {name} must be an int >= {low}, got {getattr(self, name)!r}")
         for name in ("max_target_drop", "probe_margin"):
@@ -333,10 +338,18 @@ class TransferPolicy:
         stages, count, scale = [], candidates, base // 2
         top_k = self.top_k if self.scale > FULL_SIZE else 1
         while self.ladder and scale > FULL_SIZE:
-            count = min(count, max(top_k, math.ceil(count / self.eta)))
+            count = self._whole_rounds(min(count, max(top_k, math.ceil(count / self.eta))), top_k)
             stages.append((scale, count, self.seeds))
             scale //= 2
         return [*stages, (FULL_SIZE, min(count, top_k), 1)]
+
+    def _whole_rounds(self, count: int, top_k: int) -> int:
+        """A rung's ``count`` less the configurations of a last round of the ``slots`` that is at most half full
+        (the rest's members × ``seeds`` fill whole rounds), unless the rung would then keep no more than the
+        ``top_k`` after it (it would choose nothing); never more configurations."""
+        step = self.slots // math.gcd(self.slots, self.seeds)  # configurations per whole round of the slots
+        whole = count // step * step
+        return whole if step > 1 and 2 * (count - whole) <= step and whole > top_k else count
 
     def _probe_ranks(self, candidates: int) -> range:
         """The ranks (0: best) at S of the first rung's probes among ``candidates`` configurations: every other one

@@ -72,6 +72,23 @@ def test_ladder_stops_at_the_number_of_scored_configs_and_keeps_top_k():
     assert policy(scale=1).schedule(5) == [(1, 1, 1)]  # of its best configuration alone
 
 
+@pytest.mark.parametrize("options, rungs", [
+    ({"slots": 1}, [(4, 8), (2, 3)]),
+    ({"slots": 2}, [(4, 8), (2, 2)]),  # 3 at S=2 would train as trials of 2 and 1: twice the time of 1 and 1
+    ({"slots": 2, "seeds": 2}, [(4, 8), (2, 3)]),  # 3 × 2 seeds fill 3 rounds
+    ({"slots": 4}, [(4, 8), (2, 3)]),  # a last round 3/4 full is kept (and none is added)
+    ({"slots": 3}, [(4, 8), (2, 3)]),
+    ({"slots": 2, "top_k": 2}, [(4, 8), (2, 3)]),  # 2 at S=2 would choose nothing for the 2 targets
+])
+def test_rungs_leave_out_a_last_round_of_the_trial_slots_at_most_half_full(options, rungs):
+    p = policy(scale=8, probes=0, **options)
+    assert [(scale, count) for scale, count, _ in p.schedule(24)[:-1]] == rungs
+    search = scores_of((f"c{i:02d}", i / 100) for i in range(24))
+    trained, _ = run_stages(p, search, lambda c, scale: int(c[1:]) / 100)
+    assert [(r.scale, r.configs) for r in trained][:2] == [(4, [f"c{i}" for i in range(23, 15, -1)]),
+                                                          (2, [f"c{i}" for i in range(23, 23 - rungs[1][1], -1)])]
+
+
 def test_options_that_cannot_act_unshrunk_or_without_stages_are_refused():
     for unshrunk in ({"top_k": 3}, {"ladder": False, "disagreement": Disagreement.LIKELY}, {"max_target_drop": 0.005}):
         with pytest.raises(ValueError) as refused:
@@ -398,7 +415,7 @@ def test_due_and_best_skip_members_without_a_finite_result():
 
 @pytest.mark.parametrize("kwargs, message", [({"fraction": 0}, "transfer_fraction"), ({"top_k": 0}, "top_k"),
                                              ({"seeds": 0}, "seeds"), ({"eta": 1}, "eta"),
-                                             ({"mode": "up"}, "mode")])
+                                             ({"mode": "up"}, "mode"), ({"slots": 0}, "slots")])
 def test_bad_settings_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         policy(**kwargs)

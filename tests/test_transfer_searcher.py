@@ -197,6 +197,41 @@ def test_a_rung_is_spread_over_the_trials_the_cluster_runs_at_once(monkeypatch, 
     assert [m for p in rung for m, _ in p.members] == ["m00007@2", "m00006@2", "m00005@2", "m00004@2"]
 
 
+@pytest.mark.parametrize("gpus, slots, rung", [
+    (0.0, 2, ["m00005@2", "m00004@2"]),  # 3 at S=2 would train as trials of 2 and 1 members: the best 2 train
+    (1.0, 1, ["m00005@2", "m00004@2", "m00003@2"]),  # GPU trials: a fused member hardly adds time, so ceil(6 / 2)
+])
+def test_a_rung_of_cpu_trials_leaves_out_a_last_round_of_the_trial_slots_half_full(monkeypatch, tmp_path, gpus,
+                                                                                    slots, rung):
+    import hydro.tune.searcher as searcher_module
+
+    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster: none here
+    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0, "GPU": 2.0}}])
+
+    def searcher():
+        return HydroSearcher(spec(epochs=2), num_samples=6, scale=4, fusion=8, ladder=True, eta=2, top_k=1, seed=0,
+                             fallback_targets=0)
+
+    s = searcher()
+    s.set_search_properties("val_acc", "max", SPACE)
+    s.set_max_concurrency(2)
+    plan = plan_of(s.suggest("t0"))  # all 6 members: no trial has reported its resources yet
+    ids = [m for m, _ in plan.members]
+    values = {m: int(m[1:]) / 10 for m in ids}
+    resources = {"trial_cpus": 1.0, "trial_gpus": gpus}
+    s.on_trial_result("t0", {**member_result(ids, 1, values), **resources})
+    s.on_trial_complete("t0", {**member_result(ids, 2, values, done=True), **resources, "time_total_s": 60.0})
+    trials = []
+    while isinstance(config := s.suggest(f"r{len(trials)}"), dict):
+        trials.append(plan_of(config))
+    assert [m for p in trials for m, _ in p.members] == rung and s.transfer.slots == slots
+    s.save(str(tmp_path / "searcher.pkl"))
+    restored = searcher()
+    restored.restore(str(tmp_path / "searcher.pkl"))  # replays the stages with the slots they were planned for
+    transfer = restored.state.transfer
+    assert restored.transfer.slots == slots and restored.transfer.next_rung(transfer.stages) == transfer.rung
+
+
 @pytest.mark.parametrize("gpus, max_concurrent, search_s, rung_cpus, target_cpus", [
     (0, 2, 60.0, [None, None], 2),  # 2 slots of 1 CPU: the rung fills them; the lone target trains on both slots' CPUs
     (0, None, 60.0, [4, 4, 4, 4], 16),  # the node's 16 slots: the rung's 4 trials on 4 CPUs each, the target on 16

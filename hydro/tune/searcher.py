@@ -44,7 +44,7 @@ from schedulers.trial_slots import TRIAL_OVERHEAD_S, rung_trials, split_evenly, 
 
 logger = logging.getLogger(__name__)
 
-_SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale"}  # TransferPolicy fields not in **transfer
+_SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale", "slots"}  # not in **transfer
 
 
 @dataclass
@@ -58,7 +58,9 @@ class TransferState:
     members ``<id>@<scale>[#<seed>]``. ``forwarded``: configs whose completion the inner searcher heard.
     ``started``: every trial of the stages has started (the run can end). ``cpus``: CPUs each trial of the stage
     in progress asks for, when it leaves trial slots idle (``None``: the trainable's request); ``widened``: the
-    trials that asked for more (their reported resources are not a trial slot's)."""
+    trials that asked for more (their reported resources are not a trial slot's). ``slots``: the trial slots the
+    rungs fill (:attr:`TransferPolicy.slots`), fixed when the stages start (1 for GPU trials, whose time hardly
+    grows with their fused members)."""
 
     stages: list[dict[str, Score]] = field(default_factory=list)
     rung: Rung | None = None
@@ -70,6 +72,7 @@ class TransferState:
     started: bool = False
     cpus: int | None = None
     widened: set[str] = field(default_factory=set)
+    slots: int = 1
 
 
 @dataclass
@@ -237,6 +240,7 @@ class HydroSearcher(Searcher):
                 f.write(saved["inner"])
             self.inner.restore(os.path.join(directory, "inner"))
         self.state, self._service = saved["state"], None
+        self.transfer = dataclasses.replace(self.transfer, slots=self.state.transfer.slots)
         self._ensure_service()  # restored trials look the service up as soon as they resume
 
     def __getstate__(self) -> dict:
@@ -353,6 +357,8 @@ class HydroSearcher(Searcher):
         """The next trial of the transfer stages, or ``None`` (waiting for a stage, or all started)."""
         transfer = self.state.transfer
         if not transfer.stages:
+            transfer.slots = 1 if self.state.trial_request.get("GPU", 0.0) else self._trial_slots()
+            self.transfer = dataclasses.replace(self.transfer, slots=transfer.slots)
             transfer.stages.append(self._search_scores())
             logger.info("transfer stages after the search: %s", self.transfer.describe(len(transfer.stages[0])))
             self._advance()
