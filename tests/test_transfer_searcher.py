@@ -197,6 +197,32 @@ def test_a_rung_is_spread_over_the_trials_the_cluster_runs_at_once(monkeypatch, 
     assert [m for p in rung for m, _ in p.members] == ["m00007@2", "m00006@2", "m00005@2", "m00004@2"]
 
 
+def test_a_stage_closes_on_its_members_last_results_before_tune_completes_its_trials():
+    """Tune keeps as many idle workers as trials wait for them (one when none waits): the next stage's trials must
+    be waiting when Tune completes this stage's trials, or all but one of their workers stop and new ones start."""
+    s = HydroSearcher(spec(epochs=2), num_samples=8, scale=4, fusion=8, ladder=True, eta=2, top_k=1, seed=0,
+                      fallback_targets=0)
+    s.set_search_properties("val_acc", "max", SPACE)
+    finish(s, "t0", plan_of(s.suggest("t0")), lambda m: int(m[1:]) / 10)
+    rung = plan_of(s.suggest("r0"))
+    ids = [m for m, _ in rung.members]
+    assert rung.scale == 2 and ids == ["m00007@2", "m00006@2", "m00005@2", "m00004@2"]
+    values = {m: 0.5 + int(m[1:3] + m[3:6]) / 1000 for m in ids}  # m00007@2 best
+    s.on_trial_result("r0", member_result(ids, 1, values))
+    assert s.suggest("early") is None  # members still training: the stage is open
+    s.on_trial_result("r0", {**member_result(ids, 2, values, done=True), "time_total_s": 30.0})
+    config = s.suggest("target")
+    assert isinstance(config, dict), "the target waits for Tune to complete the stage's trials"
+    target = plan_of(config)
+    assert target.kind == TrialKind.TARGET and target.source["member"] == "m00007"
+    s.on_trial_complete("r0", {**member_result(ids, 2, values, done=True), "time_total_s": 30.0})
+    assert s.suggest("again") == Searcher.FINISHED  # every trial of the stages started; the completion adds none
+    s.on_trial_complete("target", {"val_acc": 0.9})
+    transfer = s.state.transfer
+    assert list(transfer.targets) == ["target"] and [len(stage) for stage in transfer.stages] == [8, 4, 1]
+    assert s.transfer.returned(transfer.stages) == "m00007"
+
+
 @pytest.mark.parametrize("gpus, slots, rung", [
     (0.0, 2, ["m00005@2", "m00004@2"]),  # 3 at S=2 would train as trials of 2 and 1 members: the best 2 train
     (1.0, 1, ["m00005@2", "m00004@2", "m00003@2"]),  # GPU trials: a fused member hardly adds time, so ceil(6 / 2)

@@ -207,6 +207,13 @@ class HydroSearcher(Searcher):
             return  # its final value counts, at completion
         self._forward(self.state.ledger.observe(_member_results(result)))
         self._replan(trial_id, result)
+        if "time_total_s" in result:  # counted once its members have all finished (see _rung_seconds)
+            self.state.trial_seconds[trial_id] = result["time_total_s"]
+        if self.state.transfer.rung is not None:
+            # A stage closes on its members' last results, before Tune completes their trials: Tune then holds
+            # the next stage's trials when it stops these trials' workers, and keeps as many idle workers for
+            # them (with none waiting, it keeps one, and the next stage's second trial waits for a new worker).
+            self._advance()
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         transfer = self.state.transfer
@@ -216,8 +223,6 @@ class HydroSearcher(Searcher):
             return
         if result:
             self.on_trial_result(trial_id, result)
-            if "time_total_s" in result:
-                self.state.trial_seconds[trial_id] = result["time_total_s"]
         self._forward(self.state.ledger.trial_complete(trial_id, error or bool((result or {}).get(ERROR_KEY))))
         if transfer.rung is not None:
             self._advance()
