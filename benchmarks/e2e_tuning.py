@@ -183,7 +183,8 @@ def workload(args: argparse.Namespace) -> tuple[TuneSpec, dict]:
 def cifar_resnet(epochs: int, noise: float = 1.0) -> tuple[TuneSpec, dict]:
     """CIFAR-style ResNet-18 on generated CIFAR-shaped images (per-pixel ``noise``), SGD; validation accuracy."""
     spec = TuneSpec(model=_resnet, data=functools.partial(synthetic_cifar, noise=noise), loss=nn.CrossEntropyLoss(),
-                    optimizer=_sgd, metric="val_acc", mode="max", metrics={"val_acc": accuracy}, epochs=epochs, batch_size=128)
+                    optimizer=_sgd, metric="val_acc", mode="max", metrics={"val_acc": accuracy}, epochs=epochs,
+                    batch_size=128)
     return spec, {"lr": tune.loguniform(1e-3, 0.5), "momentum": tune.choice([0.0, 0.5, 0.9]),
                   "weight_decay": tune.choice([0.0, 1e-4, 5e-4])}
 

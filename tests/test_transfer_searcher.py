@@ -207,7 +207,7 @@ def test_a_stage_closes_on_its_members_last_results_before_tune_completes_its_tr
     rung = plan_of(s.suggest("r0"))
     ids = [m for m, _ in rung.members]
     assert rung.scale == 2 and ids == ["m00007@2", "m00006@2", "m00005@2", "m00004@2"]
-    values = {m: 0.5 + int(m[1:3] + m[3:6]) / 1000 for m in ids}  # m00007@2 best
+    values = {m: 0.5 + int(m[1:6]) / 1000 for m in ids}  # m00007@2 best
     s.on_trial_result("r0", member_result(ids, 1, values))
     assert s.suggest("early") is None  # members still training: the stage is open
     s.on_trial_result("r0", {**member_result(ids, 2, values, done=True), "time_total_s": 30.0})
