@@ -14,9 +14,12 @@ configuration trained as Hydro's full-size target (µP, the user's model itself)
 without the target training's noise, the member's initialisation seed differing from stock's), the returned
 configuration's own mean over those seeds against it ("expected": both configurations trained the same way on the
 same seeds, so neither the target's seed nor the maximum over N noisy stock runs decides), Spearman rank
-correlation of the surrogates' scores (S=4, S=8) with the full-size ones over the N configurations, the transfer
-check of the remedies, and time. Training runs in this process with ``hydro.trial.FusedTrial`` (no Ray: the same
-unit Ray trials run, without scheduling overheads), one torch thread, one training at a time. Time is the process
+correlation of the search's surrogate scores with the full-size ones over the N configurations, the transfer
+check of the remedies, and time; and, apart from the variants, every configuration trained at S=8, 4 and 2 (one
+fused trial each): each scale's Spearman against stock's full-size scores and where stock's best ranks there,
+how far down the widths transfer holds on the workload. Training runs in this process with
+``hydro.trial.FusedTrial`` (no Ray: the same unit Ray trials run, without scheduling overheads), one torch
+thread, one training at a time. Time is the process
 CPU time of the trainings: with one thread it is the wall time of an idle machine, and a shared machine's load
 inflates it less (two runs sharing the 2-core machine measured the same decisions up to a third apart). Writes
 ``transfer_fidelity.json`` and ``transfer_fidelity.png`` to ``--out``.
@@ -52,6 +55,7 @@ from hydro.tune.random_search import RandomSearch
 from schedulers.transfer import Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
 
 NOISE_SEEDS = (1, 2)  # extra full-size seeds of stock's top configuration
+TABLE_SCALES = (8, 4, 2)  # every configuration is also trained at each of these scales: how well each one ranks
 
 
 # --- workloads ------------------------------------------------------------------------------------------------
@@ -255,6 +259,21 @@ def shortfall(spec: TuneSpec, value: float, reference: float) -> float:
     return reference - value if spec.mode == "max" else (value - reference) / abs(reference)
 
 
+def scale_agreement(spec: TuneSpec, by_scale: dict[str, dict[str, float]], full: dict[str, float],
+                    top: str) -> dict[str, dict[str, float]]:
+    """Per surrogate scale, how its ranking of every configuration agrees with stock's full-size one: Spearman
+    ``rho`` over the configurations scored at both, and ``best_rank``, where stock's best configuration ranks there
+    (1: first; ``None`` if it has no score there)."""
+    sign = -1 if spec.mode == "max" else 1
+    agreement = {}
+    for scale, scores in by_scale.items():
+        common = [c for c in scores if c in full]
+        ranked = sorted(scores, key=lambda c: sign * scores[c])
+        agreement[scale] = {"rho": spearman([scores[c] for c in common], [full[c] for c in common]),
+                            "best_rank": ranked.index(top) + 1 if top in scores else None}
+    return agreement
+
+
 def measure(workload: Workload, samples: int, variants: list[str], quick: bool, seed: int,
             previous: dict | None, readout_zero_init: bool | None = None) -> dict:
     """Stock and the ``variants`` on one workload; ``previous``: this workload's result of an earlier run, whose
@@ -284,6 +303,9 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         mup_score = Score.of([trainer.target(configs[top], mup=True, seed=s) for s in (spec.seed, *NOISE_SEEDS)])
     print(f"[{workload.name}] stock: {stock_seconds:.0f} s, best {top} {full[top]:.4f}; its seeds {noise_score}; "
           f"as a µP target {mup_score}", flush=True)
+    by_scale = previous["stock"]["by_scale"] if reused and "by_scale" in previous["stock"] else {
+        str(scale): {c: score.mean for c, score in trainer.surrogates(configs, scale, 1).items()}
+        for scale in TABLE_SCALES}
     targets = {}
     for name in variants:
         policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, **VARIANTS[name])
@@ -318,7 +340,8 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
     return {"kind": workload.kind, "metric": spec.metric, "mode": spec.mode, "epochs": spec.epochs,
             "configs": configs, "stock": {"seconds": stock_seconds, "scores": full, "best": top,
                                           "best_value": full[top], "best_seeds": vars(noise_score),
-                                          "best_mup": vars(mup_score),
+                                          "best_mup": vars(mup_score), "by_scale": by_scale,
+                                          "by_scale_vs_full": scale_agreement(spec, by_scale, full, top),
                                           "expected": {c: vars(score) for c, score in expected.items()}},
             "runs": runs}
 
@@ -334,6 +357,9 @@ def report(results: dict) -> None:
         print(f"  stock: {stock_res['seconds']:.0f} s, best {stock_res['best_value']:.4f}; its config over "
               f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}, as a µP target "
               f"{stock_res['best_mup']['mean']:.4f} ± {stock_res['best_mup']['spread']:.4f}")
+        print("  each scale's ranking of all configurations against stock's: " + ", ".join(
+            f"S={scale} Spearman {a['rho']:.2f}, stock's best ranks {a['best_rank']}"
+            for scale, a in stock_res["by_scale_vs_full"].items()))
         print(f"  {'variant':<30} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
               f"{'vs µP':>7} {'expected ± se':>16} {'Spearman':>8} {'checks (rho)':>14} {'warns':>5} "
               f"{'escalated, fallback':>20}  trail (scale: score)")
@@ -377,7 +403,8 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="mlp,resmlp,cnn,lm", help=f"comma-separated subset of {list(WORKLOADS)}")
-    variants_help = f"comma-separated subset of {list(VARIANTS)}".replace("%", "%%")  # argparse %-formats help
+    variants_help = (f"comma-separated subset of {list(VARIANTS)}; empty: none (with --reuse, the earlier ones "
+                     f"are kept and only what they lack is measured)").replace("%", "%%")  # argparse %-formats help
     parser.add_argument("--variants", default=",".join(VARIANTS), help=variants_help)
     parser.add_argument("--samples", type=int, default=16, help="configurations per workload")
     parser.add_argument("--seed", type=int, default=0)
@@ -389,7 +416,7 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="reuse the stock trainings and other variants of the JSON this run would write")
     args = parser.parse_args()
-    variants = args.variants.split(",")
+    variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS] + [w for w in args.workloads.split(",") if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown variants/workloads {unknown}; choose from {list(VARIANTS)} and {list(WORKLOADS)}")

@@ -522,6 +522,7 @@ class TransferPolicy:
         escalation_left = self.can_escalate() and RungKind.ESCALATION not in kinds
         fallback_left = self.fallbacks(len(stages[0])) > 0 and RungKind.FALLBACK not in kinds
         return not escalation_left and not fallback_left
+
     def ladder_order(self, stages: Stages) -> list[str]:
         """The surrogate-scored configurations, best first: by the finest surrogate scale each reached, then by
         its score there."""
