@@ -100,8 +100,12 @@ class Disagreement(Enum):
     noise of the first rung's close configurations (wide model, seeds 0 and 2: 4.6x and 4.3x instead of 7-8x)
     and let seed 6 through (2.7 short). The probes ask the question the failure poses (were good configurations
     cut?): with them the first rung escalates the residual MLP on 8 of its 10 seeds and the wide model on none,
-    and 9 of the 10 end at most 0.6 points short in expectation (seed 4's S/2 and S=2 prefer the wrong
-    configuration too). Every other rank rather than the next 3: on seed 6 the probe S/2 promoted ranked 11th at S=8.
+    and 9 of the 10 end at most 0.6 points short in expectation (seed 4 misses at the first rung's cut, where two
+    configurations are level). Every other rank rather than the next 3: on seed 6 the probe S/2 promoted ranked 11th
+    at S=8. On seeds 10-19, held out, the residual MLP ended more than a point short on 4 of 10: its S=8 surrogates
+    rank configurations no better than chance (Spearman 0.06 against full size over seeds 0-19; S=4: 0.68), stock's
+    best ranked 12th to 15th there, below every probe, and S=8 against S=4 agrees at 0.44, so no check between
+    neighbouring scales sees it. The remedy there is a finer search scale (S=4: 19 of 20 seeds within a point).
     """
 
     PROBE = "probe"
