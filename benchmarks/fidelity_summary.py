@@ -32,10 +32,16 @@ def runs_of(paths: list[Path]) -> list[dict]:
     files = [f for p in paths for f in (sorted(p.glob("transfer_fidelity*.json")) if p.is_dir() else [p])]
     if not files:
         raise SystemExit(f"fidelity_summary: no transfer_fidelity*.json in {[str(p) for p in paths]}")
-    runs = []
+    runs, seen = [], {}
     for f in files:
         result = json.loads(f.read_text())
-        runs += [{**res, "workload": name, "seed": result["seed"]} for name, res in result["workloads"].items()]
+        for name, res in result["workloads"].items():
+            key = (name, result["seed"])
+            if key in seen:  # counted twice, it would weigh twice
+                raise SystemExit(f"fidelity_summary: {name} seed {key[1]} is in both {seen[key]} and {f}; "
+                                 f"pass each run once")
+            seen[key] = f
+            runs.append({**res, "workload": name, "seed": result["seed"]})
     order = list(WORKLOADS)
     return sorted(runs, key=lambda r: (order.index(r["workload"]), r["seed"]))
 

@@ -56,3 +56,11 @@ def test_summary_counts_runs_within_the_goal_and_names_the_misses(tmp_path):
 def test_summary_refuses_a_folder_without_results(tmp_path):
     with pytest.raises(SystemExit, match="no transfer_fidelity"):
         runs_of([tmp_path])
+
+
+def test_summary_refuses_a_run_given_twice(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "transfer_fidelity.json").write_text(json.dumps(_result(3, 0.0, 0.0, 2.0, 0.5, False)))
+    with pytest.raises(SystemExit, match="resmlp seed 3 is in both"):
+        runs_of([tmp_path / "a", tmp_path / "b"])
