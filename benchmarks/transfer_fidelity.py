@@ -19,9 +19,10 @@ check of the remedies, and time; and, apart from the variants, every configurati
 fused trial each): each scale's Spearman against stock's full-size scores and where stock's best ranks there,
 how far down the widths transfer holds on the workload. Training runs in this process with
 ``hydro.trial.FusedTrial`` (no Ray: the same unit Ray trials run, without scheduling overheads), one torch
-thread, one training at a time. Time is the process
-CPU time of the trainings: with one thread it is the wall time of an idle machine, and a shared machine's load
-inflates it less (two runs sharing the 2-core machine measured the same decisions up to a third apart). Writes
+thread, one training at a time. Time is the process CPU time of the trainings: with one thread it is the wall
+time of an idle machine, and a shared machine's load inflates it less (two runs sharing the 2-core machine
+measured the same decisions up to a third apart); the JSON keeps the load average at the start and end of stock
+and of each variant (a ``--reuse`` run keeps the earlier ones', with their times). Writes
 ``transfer_fidelity.json`` and ``transfer_fidelity.png`` to ``--out``.
 
     python -m benchmarks.transfer_fidelity [--workloads mlp,resmlp,cnn,lm] [--samples 16] [--quick]
@@ -289,9 +290,12 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
     if reused:
         full, stock_seconds, top = previous["stock"]["scores"], previous["stock"]["seconds"], previous["stock"]["best"]
         noise_score, runs = Score(**previous["stock"]["best_seeds"]), dict(previous["runs"])
+        stock_load = previous["stock"].get("load")
     else:
+        stock_load = [os.getloadavg()[0]]
         full = stock(trainer, configs)
         stock_seconds = trainer.seconds
+        stock_load.append(os.getloadavg()[0])
         sign = -1 if spec.mode == "max" else 1
         top = min(full, key=lambda c: sign * full[c])
         noise_score = Score.of([full[top]] + [trainer.run(TrialPlan(TrialKind.PLAIN, [(top, configs[top])]),
@@ -309,7 +313,9 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
     targets = {}
     for name in variants:
         policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, **VARIANTS[name])
+        load = os.getloadavg()[0]
         run = hydro_run(trainer, configs, policy, targets)
+        run["load"] = [load, os.getloadavg()[0]]  # its time's conditions: a --reuse run keeps earlier variants'
         run["speedup"] = stock_seconds / run["seconds"]
         run["shortfall"] = shortfall(spec, run["target"], full[top])
         common = list(configs)
@@ -338,7 +344,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         error = math.sqrt(mine.spread ** 2 / mine.count + mup_score.spread ** 2 / mup_score.count)
         run["expected_shortfall_se"] = error if spec.mode == "max" else error / abs(mup_score.mean)
     return {"kind": workload.kind, "metric": spec.metric, "mode": spec.mode, "epochs": spec.epochs,
-            "configs": configs, "stock": {"seconds": stock_seconds, "scores": full, "best": top,
+            "configs": configs, "stock": {"seconds": stock_seconds, "load": stock_load, "scores": full, "best": top,
                                           "best_value": full[top], "best_seeds": vars(noise_score),
                                           "best_mup": vars(mup_score), "by_scale": by_scale,
                                           "by_scale_vs_full": scale_agreement(spec, by_scale, full, top),
