@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.transfer_fidelity import VARIANTS, WORKLOADS
+from schedulers.transfer import Score
 
 DEFAULT_VARIANT = "S=8 ladder+escalate-probe+fallback-2"  # TransferPolicy's defaults
 GOAL = 0.01  # the issue's: within 1 point of accuracy, or 1% of the loss
@@ -73,8 +74,9 @@ def summarize(runs: list[dict], variant: str) -> dict[str, dict]:
 
 
 def _mean(values: list[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
+    """The mean of the finite ``values`` (``Score.of`` leaves the others out); NaN if there is none."""
+    score = Score.of(values)
+    return math.nan if score is None else score.mean
 
 
 def _points(value: float, loss: bool) -> str:
