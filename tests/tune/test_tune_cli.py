@@ -1,11 +1,14 @@
 """``hydro tune`` as a user types it: a workload file importing a module beside it (both pickled by value to the
 workers), bad input refused before Ray starts, and a run in which every member fails ending with one summary."""
 import json
+import re
 
 import pytest
 import ray
 
 from hydro.cli import main
+
+RAY_WORKER_LINE = re.compile(r"^(\x1b\[[0-9;]*m)?\(\w+ pid=\d+")  # a line Ray forwarded from a worker
 
 
 def test_tune_cli_runs_a_user_workload_file(workload_file, tmp_path, capsys):
@@ -102,7 +105,11 @@ def test_every_member_failing_ends_with_one_summary_and_exit_code_1(workload_fil
     captured = capsys.readouterr()
     assert code == 1
     assert "hydro tune: hydro: no member ended with a finite objective (every member diverged: NaN or inf)" in captured.err
-    assert "TypeError" not in captured.err and "Traceback" not in captured.err
+    assert "TypeError" not in captured.err
+    # Ray forwards its workers' output prefixed "(name pid=N)"; a worker Tune stops at the end of the run can print
+    # Ray's own SIGTERM traceback there (seen once in CI). Hydro's summary, on the driver, must not be one.
+    driver = [line for line in captured.err.splitlines() if not RAY_WORKER_LINE.match(line)]
+    assert not any("Traceback" in line for line in driver), "\n".join(driver)
     assert (tmp_path / "runs" / "nan" / "hydro_members.csv").exists()
     assert not (tmp_path / "runs" / "nan" / "hydro_best.json").exists()
 
