@@ -6,7 +6,10 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     trained at full size in µP (the target, as ``HydroSearcher``'s target trial trains it);
   * Hydro S=4 / S=8 with the remedies of ``schedulers.transfer.TransferPolicy`` (seed repeats, width ladder,
     top-k full-size targets, fidelity escalation, fallback targets when the target regresses), driven by the
-    policy's own decisions.
+    policy's own decisions;
+  * Hydro "auto": the scale measured as ``HydroSearcher(scale="auto")`` measures it (``hydro.trial.scale_plan``:
+    the finest of S=8, 4, 2 whose fused step costs at most twice the S=8 one's; the measuring's CPU time counted),
+    then the policy's defaults.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
 stock's top configuration, the noise), the returned configuration's own stock score against stock's best
 ("config": the choice, without the target training's noise), the target against the mean of stock's top
@@ -49,12 +52,14 @@ from torch import Tensor, nn
 from hydro.examples.models import CharTransformerLM
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
 from hydro.trial.data import Batch
+from hydro.trial.scale_plan import measured_scale
 from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.random_search import RandomSearch
 from schedulers.transfer import Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
 
+AUTO = "auto"  # a variant's scale measured as HydroSearcher(scale="auto") measures it
 NOISE_SEEDS = (1, 2)  # extra full-size seeds of stock's top configuration
 TABLE_SCALES = (8, 4, 2)  # every configuration is also trained at each of these scales: how well each one ranks
 
@@ -251,6 +256,8 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=4 ladder+fallback-2": {"scale": 4, "ladder": True, "fallback_targets": 2},
     "S=8 fallback-2": {"scale": 8, "fallback_targets": 2},
     "S=4 fallback-2": {"scale": 4, "fallback_targets": 2},
+    "auto": {"scale": AUTO, "ladder": True, "escalate": True, "fallback_targets": 2,  # HydroSearcher(scale="auto")
+             "disagreement": Disagreement.PROBE},  # with TransferPolicy's defaults, at the scale it measures
 }.items()}
 
 
@@ -312,9 +319,18 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         for scale in TABLE_SCALES}
     targets = {}
     for name in variants:
-        policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, **VARIANTS[name])
         load = os.getloadavg()[0]
+        options, choice, start = VARIANTS[name], None, time.process_time()
+        if options["scale"] == AUTO:  # measured in this process, its time counted in the run's
+            choice = measured_scale(spec, configs[next(iter(configs))], trainer.data, samples, threads=1)
+            options = {**options, "scale": choice.scale}
+        measuring = time.process_time() - start
+        policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, **options)
         run = hydro_run(trainer, configs, policy, targets)
+        run["seconds"] += measuring
+        if choice is not None:
+            run["scale_choice"] = {"scale": choice.scale, "step_s": choice.step_s, "reason": choice.reason,
+                                   "seconds": measuring}
         run["load"] = [load, os.getloadavg()[0]]  # its time's conditions: a --reuse run keeps earlier variants'
         run["speedup"] = stock_seconds / run["seconds"]
         run["shortfall"] = shortfall(spec, run["target"], full[top])

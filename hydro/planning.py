@@ -91,7 +91,7 @@ def _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, devic
         if len(measurements) >= 2 and _predicted_bytes(measurements, count) > budget:
             reason = f"F={count} is predicted to need more than the {budget / 2**20:.0f} MiB budget"
             break
-        m = _measure(model_factory, batch, loss_fn, count, device, steps)
+        m = measure_fusion(model_factory, batch, loss_fn, count, device, steps)
         if m.peak_bytes > budget:
             reason = f"F={count} needed {m.peak_bytes / 2**20:.0f} MiB > budget {budget / 2**20:.0f} MiB"
             break
@@ -119,7 +119,11 @@ def _predicted_bytes(measurements: list[FusionMeasurement], count: int) -> float
     return m1 + slope * (count - f1)
 
 
-def _measure(model_factory, batch, loss_fn, count: int, device: torch.device, steps: int) -> FusionMeasurement:
+def measure_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, Tensor], loss_fn: Callable,
+                   count: int, device: torch.device, steps: int, min_time_s: float = 0.0) -> FusionMeasurement:
+    """Time ``count`` members of ``model_factory()`` fused, trained with SGD on ``batch`` (inputs ``[N, ...]``,
+    targets) on ``device``: the mean step over at least ``steps`` steps and ``min_time_s`` seconds, and its peak
+    memory (see :func:`~hydro.profiling.measure_training_step`)."""
     inputs, targets = (t.to(device) for t in batch)
     model = fuse([model_factory() for _ in range(count)]).to(device)
     optimizer = SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -129,7 +133,7 @@ def _measure(model_factory, batch, loss_fn, count: int, device: torch.device, st
         trial_losses(loss_fn, model(inputs), targets).sum().backward()
         optimizer.step()
 
-    elapsed, peak = measure_training_step(step, lambda: training_tensors(model, optimizer), device, steps)
+    elapsed, peak = measure_training_step(step, lambda: training_tensors(model, optimizer), device, steps, min_time_s)
     return FusionMeasurement(count, elapsed, peak, count * inputs.shape[0] / elapsed)
 
 

@@ -1,0 +1,49 @@
+"""The search's surrogate scale, measured on this process's device when the user lets Hydro choose
+(``scale="auto"``): fused training steps of the workload's µP surrogates at S=8, 4, 2, and the choice of
+:func:`schedulers.scale_choice.choose_scale` (the finest scale whose step costs at most twice the coarsest's)."""
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+
+import torch
+
+from hydro.planning import measure_fusion
+from hydro.profiling import torch_threads
+from hydro.shrink.errors import ShrinkError
+from hydro.trial.data import DataSource
+from hydro.trial.precision import autocast
+from hydro.trial.spec import TuneSpec
+from hydro.trial.surrogate import build_member
+from schedulers.scale_choice import AUTO_SCALES, CannotShrink, ScaleChoice, choose_scale
+
+logger = logging.getLogger(__name__)
+
+MEASURED_MEMBERS = 16  # members fused in a timed step (at most): a search's trials fuse about as many or more
+MIN_STEPS, MIN_TIME_S = 3, 0.15  # per scale: enough steps that millisecond steps are not noise
+
+
+def measured_scale(spec: TuneSpec, config: Mapping, data: tuple[DataSource, DataSource], members: int,
+                   threads: int, device: torch.device | None = None) -> ScaleChoice:
+    """The scale a search of ``spec`` trains its surrogates at: ``min(members, 16)`` µP surrogates of
+    ``config`` fused and trained on one batch of ``data``'s training split, on ``device`` (default: this
+    process's GPU, else CPU) with ``threads`` torch threads, in ``spec.precision``, at each of
+    :data:`~schedulers.scale_choice.AUTO_SCALES` in turn (a scale the model cannot be shrunk to is skipped)."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    x, y = data[0].sample(spec.batch_size_of(config))
+    count = max(1, min(members, MEASURED_MEMBERS))
+
+    def step_seconds(scale: int) -> float:
+        try:
+            template = build_member(spec.model, config, scale, shrink_options=spec.shrink_options())
+        except ShrinkError as error:
+            raise CannotShrink(str(error)) from error
+        with torch_threads(threads), autocast(device, spec.precision):  # initial values do not matter
+            return measure_fusion(lambda: copy.deepcopy(template), (x, y), spec.loss, count, device, MIN_STEPS,
+                                  MIN_TIME_S).step_time_s
+
+    choice = choose_scale(step_seconds, AUTO_SCALES)
+    logger.info("scale='auto': S=%d for the search on %s (%d fused members, %d threads): %s", choice.scale,
+                device, count, threads, choice.reason)
+    return choice

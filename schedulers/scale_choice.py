@@ -1,0 +1,83 @@
+"""Which width divisor S a search's surrogates train at when the user lets Hydro choose (``scale="auto"``), from
+measured step times (plain Python).
+
+Narrower surrogates rank configurations less faithfully (``benchmarks/transfer_fidelity.py``: Spearman against
+full size rises from S=8 to S=4 to S=2 on every workload, and an overfitting width-256 residual MLP ranks at
+chance at S=8, width 32), while on a small model a narrower surrogate barely trains faster: its step is mostly
+fixed cost (kernel launches, the optimizer's loop, Python), not the width² work that shrinking removes. So the
+choice is the *finest* scale whose fused training step costs at most ``max_cost`` times the coarsest one's:
+shrinking further than that buys less than it costs in fidelity.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+AUTO_SCALES = (8, 4, 2)  # the candidates, coarse to fine: the Hydro paper's S=8 down to half width
+# The finer scale's step may cost up to this many times the coarsest's. On the fidelity benchmark's CPU (one thread,
+# 16 fused members) a step at S=4 cost 1.4-2.0x the S=8 one on the four small workloads (search times 1.5-4.7 s)
+# and 3.4x on the width-1024 residual MLP, whose S=8 search is 43x cheaper than its stock search.
+MAX_COST = 2.0
+
+
+@dataclass(frozen=True)
+class ScaleChoice:
+    """``scale``: the chosen S; ``step_s``: seconds per fused training step measured at each candidate scale
+    (coarse to fine, as far as measuring went); ``skipped``: candidate scales the model cannot be shrunk to,
+    with why; ``reason``: the choice in words, for the log."""
+
+    scale: int
+    step_s: dict[int, float]
+    skipped: dict[int, str] = field(default_factory=dict)
+    reason: str = ""
+
+
+class CannotShrink(ValueError):
+    """Raised by a step-time measurement: the model cannot be shrunk to that scale (the scale is skipped)."""
+
+
+class NoScale(ValueError):
+    """No candidate scale could be measured (the model cannot be shrunk to any of them)."""
+
+
+def choose_scale(step_seconds: Callable[[int], float], scales: Sequence[int] = AUTO_SCALES,
+                 max_cost: float = MAX_COST) -> ScaleChoice:
+    """The finest of ``scales`` (coarse to fine) whose step costs at most ``max_cost`` times the coarsest
+    measurable one's. ``step_seconds(scale)``: seconds of one fused training step at ``scale``, measured when
+    asked (coarse to fine; measuring stops at the first scale over the budget, since finer ones cost more);
+    raises :class:`CannotShrink` when the model cannot be shrunk to that scale (the scale is skipped). Raises
+    :class:`NoScale` when no scale could be measured."""
+    if not scales or list(scales) != sorted(set(scales), reverse=True) or min(scales) < 1:
+        raise ValueError(f"choose_scale: scales must be distinct ints >= 1, coarse to fine, got {list(scales)}")
+    if not max_cost >= 1:
+        raise ValueError(f"choose_scale: max_cost must be >= 1 (the coarsest scale's own cost), got {max_cost!r}")
+    measured: dict[int, float] = {}
+    skipped: dict[int, str] = {}
+    for scale in scales:
+        try:
+            seconds = step_seconds(scale)
+        except CannotShrink as error:
+            skipped[scale] = str(error)
+            continue
+        if not seconds > 0:
+            raise ValueError(f"choose_scale: a step at S={scale} measured {seconds!r} s; a step time is > 0")
+        measured[scale] = seconds
+        coarsest = next(iter(measured))
+        if seconds > max_cost * measured[coarsest]:
+            break
+    if not measured:
+        raise NoScale("hydro: scale='auto' could not shrink the model to any of S=" + ", ".join(map(str, scales))
+                      + ": " + "; ".join(f"S={s}: {why}" for s, why in skipped.items())
+                      + ". Fix: pass a scale the model can be shrunk to, or scale=1 (full size)")
+    coarsest = next(iter(measured))
+    budget = max_cost * measured[coarsest]
+    chosen = [s for s, t in measured.items() if t <= budget][-1]
+    steps = ", ".join(f"S={s} {1e3 * t:.3g} ms" for s, t in measured.items())
+    over = [s for s, t in measured.items() if t > budget]
+    reason = (f"S={over[0]}'s step costs {measured[over[0]] / measured[coarsest]:.2f}x the S={coarsest} one's, "
+              f"more than {max_cost:g}x" if over else
+              f"the finest scale measured costs at most {max_cost:g}x the S={coarsest} step") + f" ({steps})"
+    if skipped:
+        reason += "; cannot shrink to " + ", ".join(f"S={s}" for s in skipped)
+    return ScaleChoice(chosen, measured, skipped, reason)

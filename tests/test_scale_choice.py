@@ -1,0 +1,83 @@
+"""scale='auto': the finest surrogate scale whose fused step costs at most twice the coarsest's
+(schedulers.scale_choice), measured on real fused training (hydro.trial.scale_plan)."""
+import dataclasses
+import logging
+
+import pytest
+
+from hydro.trial.scale_plan import measured_scale
+from hydro.tune.examples import digits_mlp
+from hydro.tune.random_search import RandomSearch
+from schedulers.scale_choice import AUTO_SCALES, CannotShrink, NoScale, choose_scale
+
+
+def timed(seconds: dict[int, float], asked: list[int]):
+    def step_seconds(scale: int) -> float:
+        asked.append(scale)
+        if seconds[scale] is None:
+            raise CannotShrink(f"widths too narrow at S={scale}")
+        return seconds[scale]
+    return step_seconds
+
+
+@pytest.mark.parametrize("seconds, chosen, asked", [
+    ({8: 1.0, 4: 1.5, 2: 1.9}, 2, [8, 4, 2]),    # overhead-bound: every halving nearly free
+    ({8: 1.0, 4: 1.8, 2: 5.0}, 4, [8, 4, 2]),    # a small model on CPU: S=4 within twice, S=2 not
+    ({8: 1.0, 4: 3.5, 2: 14.0}, 8, [8, 4]),      # compute-bound: S=2 is not measured once S=4 is over
+    ({8: 1.0, 4: 2.0, 2: 2.0001}, 4, [8, 4, 2]),  # exactly twice is within
+])
+def test_the_finest_scale_within_twice_the_coarsest_step(seconds, chosen, asked):
+    seen: list[int] = []
+    choice = choose_scale(timed(seconds, seen))
+    assert choice.scale == chosen and seen == asked
+    assert choice.step_s == {s: seconds[s] for s in asked} and not choice.skipped
+    assert f"S={8}" in choice.reason
+
+
+def test_scales_the_model_cannot_be_shrunk_to_are_skipped():
+    seen: list[int] = []
+    choice = choose_scale(timed({8: None, 4: 1.0, 2: 1.9}, seen))
+    assert (choice.scale, seen, list(choice.step_s)) == (2, [8, 4, 2], [4, 2])
+    assert "too narrow" in choice.skipped[8] and "cannot shrink to S=8" in choice.reason
+    with pytest.raises(NoScale, match=r"S=8: widths too narrow at S=8; S=4: .*Fix: pass a scale"):
+        choose_scale(timed({8: None, 4: None, 2: None}, []))
+
+
+def test_other_errors_of_the_measurement_are_not_swallowed():
+    def broken(scale: int) -> float:
+        raise ValueError("the model's forward failed")
+    with pytest.raises(ValueError, match="forward failed"):
+        choose_scale(broken)
+
+
+@pytest.mark.parametrize("scales, max_cost, match", [
+    ((), 2.0, "coarse to fine"), ((2, 4, 8), 2.0, "coarse to fine"), ((8, 8), 2.0, "distinct"),
+    ((8, 4, 0), 2.0, ">= 1"), (AUTO_SCALES, 0.5, "max_cost must be >= 1"),
+])
+def test_bad_arguments_are_refused(scales, max_cost, match):
+    with pytest.raises(ValueError, match=match):
+        choose_scale(lambda s: 1.0, scales, max_cost)
+
+
+def test_a_step_time_that_is_not_positive_is_refused():
+    with pytest.raises(ValueError, match=r"S=8 measured 0.0 s"):
+        choose_scale(lambda s: 0.0)
+
+
+def test_measured_on_real_fused_steps_of_the_workloads_surrogates(caplog):
+    spec, space = digits_mlp(epochs=1, hidden=64)
+    config = RandomSearch(space, seed=0).suggest("x")
+    with caplog.at_level(logging.INFO, logger="hydro.trial.scale_plan"):
+        choice = measured_scale(spec, config, spec.load_data(), members=4, threads=1)
+    assert choice.scale in AUTO_SCALES and list(choice.step_s)[0] == 8
+    assert all(t > 0 for t in choice.step_s.values())
+    assert choice.scale == choose_scale(lambda s: choice.step_s[s]).scale  # the pure rule on what was measured
+    assert f"S={choice.scale} for the search on cpu (4 fused members, 1 threads)" in caplog.text
+
+
+def test_strict_shrinking_skips_the_scales_it_refuses():
+    spec, space = digits_mlp(epochs=1, hidden=32)  # hidden 32: S=8 would leave 4 < min_width 8
+    spec = dataclasses.replace(spec, shrink_strict=True)
+    choice = measured_scale(spec, RandomSearch(space, seed=0).suggest("x"), spec.load_data(), members=2, threads=1)
+    assert 8 in choice.skipped and "min_width" in choice.skipped[8] and 8 not in choice.step_s
+    assert choice.scale in (4, 2)
