@@ -5,7 +5,8 @@ drawn once (random search, fixed seed) and tuned by
   (a) stock Ray Tune: one full-size, unfused trial per configuration (BasicVariantGenerator replaying them);
   (b) Hydro, fusion only (S=1): HydroSearcher with the same configurations in fused trials;
   (c) Hydro, S=8 + fusion;
-  (d) Hydro with Optuna TPE as the inner searcher (N suggestions of its own; S=8).
+  (d) Hydro with Optuna TPE as the inner searcher (N suggestions of its own; S=8);
+  (e) Hydro with ``scale="auto"`` + fusion (the surrogate scale measured before Ray starts; random search).
 All runs allow the same number of concurrent trials (``--concurrency``, default 2 = the cores). Each run's
 best configuration is then trained at full size with one fixed seed (the "target"), and its validation
 accuracy reported (for Hydro runs this repeats the run's own target trial: ``in_run_best`` is the
@@ -14,7 +15,7 @@ trials by stage: search, ladder rungs, target; members per trial, first start an
 went.
 
     python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 15] [--hidden 1024] [--scheduler none|asha]
-                                    [--runs abcd] [--workload digits-mlp|cifar-resnet|resmlp-wide]
+                                    [--runs abcde] [--workload digits-mlp|cifar-resnet|resmlp-wide]
                                     [--device auto|cpu|cuda] [--gpus-per-trial G] [--target-seeds K]
                                     [--data-workers W] [--image-noise X]
 
@@ -111,6 +112,8 @@ def main() -> int:
                                                                 hydro_options, args, "c", configs)))
     runs.append(("(d) Hydro + Optuna TPE (S=8)", 8,
                  lambda: hydro_run(spec, space, 8, optuna_tpe(args.seed), scheduler(), hydro_options, args, "d")))
+    runs.append(("(e) Hydro scale='auto' + fusion", "auto", lambda: hydro_run(spec, space, "auto", None, scheduler(),
+                                                                             hydro_options, args, "e", configs)))
     rows = []
     runs = [r for r in runs if r[0][1] in "a" + args.runs]
     for name, scale, run in runs:
@@ -119,7 +122,7 @@ def main() -> int:
         with GpuUsage() as gpu:
             best_config, in_run, data_wait, results = run()
         wall = time.perf_counter() - start
-        target = Score.of(train_full_size(spec, best_config, mup=scale > 1, seed=spec.seed + i)[spec.metric]
+        target = Score.of(train_full_size(spec, best_config, mup=scale != 1, seed=spec.seed + i)[spec.metric]
                           for i in range(args.target_seeds)) or Score(math.nan, math.nan, 0)  # (none finite)
         timeline = stages(results, started_at)
         rows.append({"run": name, "wall_s": wall, "best_config": best_config, "in_run_best": in_run,
@@ -243,16 +246,18 @@ def stock(spec: TuneSpec, space: dict, configs: list[dict], args,
     return {k: best.config[k] for k in space}, best.metrics[spec.metric], data_wait_fraction(results), results
 
 
-def hydro_run(spec: TuneSpec, space: dict, scale: int, searcher, scheduler, options: dict, args, name: str,
+def hydro_run(spec: TuneSpec, space: dict, scale: int | str, searcher, scheduler, options: dict, args, name: str,
               configs: list[dict] | None = None) -> tuple[dict, float, float, tune.ResultGrid]:
-    """HydroSearcher over the same space; with ``searcher=None`` its seeded random search draws exactly
-    ``configs`` (checked). ``fit`` puts at most N / concurrency members in one fused trial of the search (its
-    trial slots), so as many trials as (a) can run at once."""
-    results, _ = fit(spec, space, scale=scale, fusion="auto", searcher=searcher, scheduler=scheduler,
-                     name=name, **options)
+    """HydroSearcher over the same space (``scale`` an int or ``"auto"``); with ``searcher=None`` its seeded random
+    search draws exactly ``configs`` (checked). ``fit`` puts at most N / concurrency members in one fused trial of
+    the search (its trial slots), so as many trials as (a) can run at once."""
+    results, hydro_searcher = fit(spec, space, scale=scale, fusion="auto", searcher=searcher, scheduler=scheduler,
+                                  name=name, **options)
+    if hydro_searcher.scale_choice is not None:
+        print(f"  scale='auto' chose S={hydro_searcher.scale}: {hydro_searcher.scale_choice.reason}", flush=True)
     if configs is not None:
         plans = [plan_of(r.config) for r in results if r.config]  # the search's trials (not the width ladder's)
-        members = [c for p in plans if p.fused and p.scale == scale for _, c in p.members]
+        members = [c for p in plans if p.fused and p.scale == hydro_searcher.scale for _, c in p.members]
         assert sorted(map(repr, members)) == sorted(map(repr, configs))
     best = best_configuration(results, spec)
     return best["config"], best["value"], data_wait_fraction(results), results

@@ -289,7 +289,7 @@ CASES = [
          "the train split of TuneSpec.data() holds no samples"),
     # --- prepare / check_arguments / HydroSearcher (no Ray cluster) -----------------------------------------------
     case("prepare-scale-zero", lambda: prepare(spec(), SPACE, scale=0), WorkloadError,
-         "scale must be an integer >= 1 (1 = full size), got 0"),
+         "scale must be an integer >= 1 (1 = full size) or 'auto', got 0"),
     case("prepare-scale-bool", lambda: prepare(spec(), SPACE, scale=True), WorkloadError, "got True"),  # fixed
     case("prepare-empty-space", lambda: prepare(spec(), {}), WorkloadError,  # fixed
          "param_space must be a dict of the hyperparameters to tune"),
@@ -324,7 +324,9 @@ CASES = [
          ValueError, "energy tuning and bubble filling are separate schedulers"),
     case("check-bubbles-with-gpus", lambda: check_arguments(spec(), SPACE, bubbles=True, gpus_per_trial=1),
          ValueError, "gpus_per_trial does not apply with bubbles=True"),
-    case("searcher-scale-zero", lambda: searcher(scale=0), ValueError, "scale must be an int >= 1, got 0"),
+    case("searcher-scale-zero", lambda: searcher(scale=0), ValueError,
+         "HydroSearcher: scale must be an int >= 1 (the surrogates' width divisor; 1: full size) or 'auto' (measured), "
+         "got 0"),
     case("searcher-fusion-zero", lambda: searcher(fusion=0), ValueError, "fusion must be 'auto' or an int >= 1, got 0"),
     case("searcher-fusion-string", lambda: searcher(fusion="max"), ValueError, "got 'max'"),
     case("searcher-num-samples-zero", lambda: searcher(num_samples=0), ValueError,
@@ -332,6 +334,9 @@ CASES = [
     case("searcher-num-samples-float", lambda: searcher(num_samples=2.5), ValueError, "got 2.5"),  # fixed
     case("searcher-max-fusion-zero", lambda: searcher(max_fusion=0), ValueError, "max_fusion (members per fused"),
     case("searcher-trial-cpus-zero", lambda: searcher(trial_cpus=0), ValueError, "trial_cpus must be >= 1, got 0"),
+    case("searcher-scale-word", lambda: searcher(scale="big"), ValueError,
+         "HydroSearcher: scale must be an int >= 1 (the surrogates' width divisor; 1: full size) or 'auto' (measured), "
+         "got 'big'"),
     case("searcher-trial-resources-negative", lambda: searcher(trial_resources={"CPU": -1}), ValueError,
          "trial_resources holds Ray resource amounts >= 0 per trial, e.g. {'CPU': 1, 'GPU': 0.5}; got {'CPU': -1}"),
     case("searcher-trial-resources-not-a-mapping", lambda: searcher(trial_resources=2), ValueError,
@@ -460,7 +465,10 @@ CLI_CASES = [  # argparse's own errors first, then Hydro's (one line, exit code 
     case("unknown-example", ["tune", "--example", "nope"], "argparse", "argument --example: invalid choice: 'nope'"),
     case("samples-not-an-integer", tune("--samples", "abc"), "argparse", "argument --samples: 'abc' is not an integer"),
     case("samples-zero", tune("--samples", "0"), "argparse", "argument --samples: must be >= 1, got 0"),
-    case("scale-zero", tune("--scale", "0"), "argparse", "argument --scale: must be >= 1, got 0"),
+    case("scale-zero", tune("--scale", "0"), "argparse",
+         "argument --scale: give 'auto' or a width divisor >= 1 (must be >= 1, got 0)"),
+    case("scale-word", tune("--scale", "big"), "argparse",
+         "argument --scale: give 'auto' or a width divisor >= 1 ('big' is not an integer)"),
     case("epochs-zero", tune("--epochs", "0"), "argparse", "argument --epochs: must be >= 1, got 0"),
     case("epochs-float", tune("--epochs", "2.5"), "argparse", "argument --epochs: '2.5' is not an integer"),
     case("fusion-word", tune("--fusion", "abc"), "argparse",

@@ -1,4 +1,4 @@
-"""scale='auto': the finest surrogate scale whose fused step costs at most twice the coarsest's
+"""scale='auto': the finest surrogate scale whose fused step costs at most 2.5 times the coarsest's
 (schedulers.scale_choice), measured on real fused training (hydro.trial.scale_plan)."""
 import dataclasses
 import logging
@@ -21,12 +21,12 @@ def timed(seconds: dict[int, float], asked: list[int]):
 
 
 @pytest.mark.parametrize("seconds, chosen, asked", [
-    ({8: 1.0, 4: 1.5, 2: 1.9}, 2, [8, 4, 2]),    # overhead-bound: every halving nearly free
-    ({8: 1.0, 4: 1.8, 2: 5.0}, 4, [8, 4, 2]),    # a small model on CPU: S=4 within twice, S=2 not
-    ({8: 1.0, 4: 3.5, 2: 14.0}, 8, [8, 4]),      # compute-bound: S=2 is not measured once S=4 is over
-    ({8: 1.0, 4: 2.0, 2: 2.0001}, 4, [8, 4, 2]),  # exactly twice is within
+    ({8: 1.0, 4: 1.5, 2: 2.4}, 2, [8, 4, 2]),    # overhead-bound: every halving nearly free
+    ({8: 1.0, 4: 1.9, 2: 5.0}, 4, [8, 4, 2]),    # a small model on CPU: S=4 within 2.5x, S=2 not
+    ({8: 1.0, 4: 3.6, 2: 14.0}, 8, [8, 4]),      # compute-bound: S=2 is not measured once S=4 is over
+    ({8: 1.0, 4: 2.5, 2: 2.5001}, 4, [8, 4, 2]),  # exactly 2.5x is within
 ])
-def test_the_finest_scale_within_twice_the_coarsest_step(seconds, chosen, asked):
+def test_the_finest_scale_within_the_budget_of_the_coarsest_step(seconds, chosen, asked):
     seen: list[int] = []
     choice = choose_scale(timed(seconds, seen))
     assert choice.scale == chosen and seen == asked
@@ -36,7 +36,7 @@ def test_the_finest_scale_within_twice_the_coarsest_step(seconds, chosen, asked)
 
 def test_scales_the_model_cannot_be_shrunk_to_are_skipped():
     seen: list[int] = []
-    choice = choose_scale(timed({8: None, 4: 1.0, 2: 1.9}, seen))
+    choice = choose_scale(timed({8: None, 4: 1.0, 2: 2.4}, seen))
     assert (choice.scale, seen, list(choice.step_s)) == (2, [8, 4, 2], [4, 2])
     assert "too narrow" in choice.skipped[8] and "cannot shrink to S=8" in choice.reason
     with pytest.raises(NoScale, match=r"S=8: widths too narrow at S=8; S=4: .*Fix: pass a scale"):

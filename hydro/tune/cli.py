@@ -23,7 +23,9 @@ from hydro.trial.check import describe
 from hydro.trial.spec import TuneSpec
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table, target_result
 from hydro.tune.run import TuningFailed, asha, check_arguments, fit, optuna_tpe, prepare
+from hydro.tune.searcher import AUTO
 from hydro.tune.trainable import require_resources, trial_resources
+from schedulers.scale_choice import AUTO_SCALES
 from schedulers.transfer import STAGE_OPTIONS, Disagreement, TransferPolicy
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,8 +48,11 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--workload", help="FILE.py[:FUNC] or MODULE[:FUNC]; FUNC (default 'workload') returns "
                                          "(TuneSpec, param_space); modules beside FILE.py can be imported")
     parser.add_argument("--samples", type=at_least(1), default=16, help="member configurations to try")
-    parser.add_argument("--scale", type=at_least(1), default=1, help="surrogate width divisor S (1: full size)")
-    parser.add_argument("--fusion", type=_fusion, default="auto", help="members per fused trial, or 'auto' (measured)")
+    parser.add_argument("--scale", type=_auto_or_count("a width divisor"), default=1,
+                        help="surrogate width divisor S (1: full size), or 'auto': the finest of 8, 4, 2 whose fused "
+                             "step costs at most 2.5 times the S=8 one's (measured)")
+    parser.add_argument("--fusion", type=_auto_or_count("a number of members"), default="auto",
+                        help="members per fused trial, or 'auto' (measured)")
     parser.add_argument("--scheduler", choices=["asha", "none"], default="asha", help="per-member early stopping")
     parser.add_argument("--searcher", choices=["random", "optuna"], default="random")
     parser.add_argument("--epochs", type=at_least(1), help="epochs per member (default: the workload's)")
@@ -122,13 +127,16 @@ def transfer_options(args: argparse.Namespace) -> dict:
     return {**options, "disagreement": Disagreement(options["disagreement"])}
 
 
-def _fusion(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return at_least(1)(text)
-    except argparse.ArgumentTypeError as error:
-        raise argparse.ArgumentTypeError(f"give 'auto' or a number of members >= 1 ({error})") from None
+def _auto_or_count(what: str):
+    """An argparse type: 'auto', or an int >= 1 (``what`` names it in the error)."""
+    def parse(text: str) -> int | str:
+        if text == AUTO:
+            return text
+        try:
+            return at_least(1)(text)
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentTypeError(f"give 'auto' or {what} >= 1 ({error})") from None
+    return parse
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -207,8 +215,9 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:  # before Ray starts
         check_arguments(spec, space, energy=energy, bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
-        TransferPolicy(args.transfer_fraction, args.samples, spec.metric, spec.mode, scale=args.scale,
-                       **transfer_options(args))  # refuses transfer options that cannot act (e.g. at --scale 1)
+        TransferPolicy(args.transfer_fraction, args.samples, spec.metric, spec.mode,  # refuses transfer options that
+                       scale=AUTO_SCALES[0] if args.scale == AUTO else args.scale,  # cannot act (e.g. at --scale 1)
+                       **transfer_options(args))
         data = prepare(spec, space, scale=args.scale, seed=args.seed)
     except ValueError as error:  # a WorkloadError too
         raise UsageError(f"hydro tune: {error}") from None
@@ -218,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise UsageError(f"hydro tune: {error}") from None
     try:
-        results, _ = fit(spec, space, num_samples=args.samples, scale=args.scale, fusion=args.fusion,
+        results, searcher = fit(spec, space, num_samples=args.samples, scale=args.scale, fusion=args.fusion,
                          scheduler=asha(spec) if args.scheduler == "asha" else None,
                          searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
                          transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
@@ -230,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     elapsed = time.perf_counter() - start
-    print(f"\nHydro: {args.samples} members (scale {args.scale}, fusion {args.fusion}) in {elapsed:.0f} s\n")
+    scale = f"{searcher.scale}, chosen by --scale auto" if args.scale == AUTO else args.scale
+    print(f"\nHydro: {args.samples} members (scale {scale}, fusion {args.fusion}) in {elapsed:.0f} s\n")
     _print_members(results, spec)
     best = best_configuration(results, spec)
     print(f"\nbest configuration ({best['kind']}, {spec.metric} = {best['value']:.4f}): {best['config']}")

@@ -23,8 +23,9 @@ from hydro.tune.progress import MemberProgress, show_progress
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import failure_summary, failures, write_results
 from hydro.tune.retry_logs import KeepResultsOnRetry
-from hydro.tune.searcher import HydroSearcher
+from hydro.tune.searcher import AUTO, HydroSearcher
 from hydro.tune.trainable import require_resources, trainable, trial_resources
+from schedulers.scale_choice import AUTO_SCALES
 
 NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 
@@ -49,18 +50,24 @@ def trial_dirname(trial) -> str:
     return f"{trial.trainable_name}_{trial.trial_id}"
 
 
-def prepare(spec: TuneSpec, param_space: dict, *, scale: int = 1, seed: int = 0) -> tuple[DataSource, DataSource]:
+def prepare(spec: TuneSpec, param_space: dict, *, scale: int | str = 1, seed: int = 0) -> tuple[DataSource, DataSource]:
     """Load the workload's data and check the workload on it, in this process (no Ray): two fused members of
-    one configuration drawn from ``param_space`` and the full-size target, one batch each. Returns the data;
-    raises :class:`~hydro.trial.check.WorkloadError` naming what failed."""
-    if not is_count(scale):
-        raise WorkloadError(f"hydro: scale must be an integer >= 1 (1 = full size), got {scale!r}")
+    one configuration drawn from ``param_space`` at ``scale`` (``"auto"``: at the finest scale it may choose,
+    S=2) and the full-size target, one batch each. Returns the data; raises
+    :class:`~hydro.trial.check.WorkloadError` naming what failed."""
+    if scale != AUTO and not is_count(scale):
+        raise WorkloadError(f"hydro: scale must be an integer >= 1 (1 = full size) or 'auto', got {scale!r}")
     if not isinstance(param_space, dict) or not param_space:
         raise WorkloadError(f"hydro: param_space must be a dict of the hyperparameters to tune, e.g. "
                             f"{{'lr': tune.loguniform(1e-4, 1e-1)}}; got {param_space!r}")
     data = spec.load_data()
-    check_workload(spec, RandomSearch(param_space, seed=seed).suggest("check"), scale, data)
+    check_workload(spec, _checked_config(param_space, seed), AUTO_SCALES[-1] if scale == AUTO else scale, data)
     return data
+
+
+def _checked_config(param_space: dict, seed: int) -> dict:
+    """The configuration :func:`prepare` checks the workload with (and ``fit`` measures ``scale="auto"`` on)."""
+    return RandomSearch(param_space, seed=seed).suggest("check")
 
 
 @contextlib.contextmanager
@@ -106,7 +113,7 @@ def check_arguments(spec: TuneSpec, param_space: dict, *, energy: EnergySettings
     trial_resources(spec, cpus_per_trial, gpus_per_trial)
 
 
-def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, fusion: int | str = "auto",
+def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str = 1, fusion: int | str = "auto",
         max_fusion: int = 64, scheduler: TrialScheduler | None = None, searcher: Searcher | None = None,
         transfer_fraction: float | None = 1.0, storage_path: str | None = None, name: str | None = None,
         max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1,
@@ -150,6 +157,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int = 1, 
                                    seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)),
                                    trial_resources=None if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
                                    **transfer)  # fill trials train in the bubbles of the jobs' own devices
+    hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
     if storage_path is not None and "://" not in storage_path:  # Ray takes only absolute local paths
         storage_path = os.path.abspath(os.path.expanduser(storage_path))
     started = not ray.is_initialized()

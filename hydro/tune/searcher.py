@@ -31,6 +31,7 @@ from hydro.trial.check import check_member
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
 from hydro.trial.data import DataSource
+from hydro.trial.scale_plan import measured_scale
 from hydro.trial.spec import TuneSpec
 from hydro.tune.member_decisions import start_service
 from hydro.tune.member_rules import refuse_trial_scheduler, stopping_rule
@@ -39,12 +40,14 @@ from hydro.tune.session import ERROR_KEY, MEMBERS_KEY, TRIAL_CPUS_KEY, TRIAL_GPU
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
+from schedulers.scale_choice import AUTO_SCALES, ScaleChoice
 from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
 from schedulers.trial_slots import TRIAL_OVERHEAD_S, rung_trials, split_evenly, trial_slots, whole_round_counts
 
 logger = logging.getLogger(__name__)
 
 _SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale", "slots"}  # not in **transfer
+AUTO = "auto"  # scale=AUTO: the searcher measures which surrogate scale pays (hydro.trial.scale_plan)
 
 
 @dataclass
@@ -91,11 +94,17 @@ class SearchState:
     trial_request: dict[str, float] = field(default_factory=dict)  # one trial's Ray resources: given, or reported
     max_concurrent: int | None = None  # Tune's max_concurrent_trials (set_max_concurrency)
     trial_seconds: dict[str, float] = field(default_factory=dict)  # finished surrogate trial -> its time_total_s
+    scale_choice: ScaleChoice | None = None  # scale="auto": the measured choice, once made
 
 
 class HydroSearcher(Searcher):
     """Search with ``searcher`` (any Ray ``Searcher``; ``None``: random/grid sampling of the param space)
-    over ``num_samples`` member configurations, trained as fused surrogates of width ÷ ``scale``.
+    over ``num_samples`` member configurations, trained as fused surrogates of width ÷ ``scale``; ``scale="auto"``:
+    the finest of S=8, 4, 2 whose fused training step costs at most 2.5 times the S=8 one's, measured before the
+    first trial on this process's device (its GPU, else CPU; :func:`~hydro.trial.scale_plan.measured_scale`,
+    logged; :attr:`scale` is the chosen S from then on, :attr:`scale_choice` the measurements), since narrower
+    surrogates rank configurations less faithfully and, on a model whose step is mostly fixed cost, barely
+    train faster.
 
     ``fusion``: members per fused trial, or ``"auto"`` (measured with ``hydro.plan_fusion`` per group, at
     most ``max_fusion``), or a :class:`~hydro.trial.fusion.FusionPlanner`; any of them at most an even share of
@@ -130,7 +139,7 @@ class HydroSearcher(Searcher):
     trials report theirs; the ladder's rungs use those).
     """
 
-    def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int = 1,
+    def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int | str = 1,
                  fusion: int | str | FusionPlanner = "auto", max_fusion: int = 64,
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
                  seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1,
@@ -142,6 +151,9 @@ class HydroSearcher(Searcher):
                 isinstance(v, (int, float)) and v >= 0 for v in trial_resources.values())):
             raise ValueError(f"HydroSearcher: trial_resources holds Ray resource amounts >= 0 per trial, e.g. "
                              f"{{'CPU': 1, 'GPU': 0.5}}; got {trial_resources!r}")
+        if scale != AUTO and (isinstance(scale, bool) or not isinstance(scale, int) or scale < 1):
+            raise ValueError(f"HydroSearcher: scale must be an int >= 1 (the surrogates' width divisor; 1: full size) "
+                             f"or 'auto' (measured), got {scale!r}")
         if searcher is not None and not isinstance(searcher, Searcher):
             raise TypeError(f"HydroSearcher: searcher must be a Ray Tune Searcher (e.g. OptunaSearch()) or None "
                             f"(random search of the param space), got {type(searcher).__name__}")
@@ -151,7 +163,8 @@ class HydroSearcher(Searcher):
             raise TypeError(f"HydroSearcher: unknown transfer option(s) {unknown}; the transfer options are {options}")
         self.spec, self.scale, self.trial_cpus, self._data = spec, scale, trial_cpus, data
         self._planner = None if fusion == "auto" else fusion if isinstance(fusion, FusionPlanner) else FixedFusion(fusion)
-        self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode, scale=scale, **transfer)
+        self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode,  # auto: checked as
+                                       scale=AUTO_SCALES[0] if scale == AUTO else scale, **transfer)  # shrunk
         rule = stopping_rule(scheduler, spec.metric)
         self.inner = searcher if searcher is not None else RandomSearch(seed=seed)
         self.state = SearchState(MemberPool(num_samples, max_fusion), MemberLedger(),
@@ -246,12 +259,38 @@ class HydroSearcher(Searcher):
             self.inner.restore(os.path.join(directory, "inner"))
         self.state, self._service = saved["state"], None
         self.transfer = dataclasses.replace(self.transfer, slots=self.state.transfer.slots)
+        if self.state.scale_choice is not None:  # scale="auto", chosen before the checkpoint
+            self._use_scale(self.state.scale_choice.scale)
         self._ensure_service()  # restored trials look the service up as soon as they resume
 
     def __getstate__(self) -> dict:
         # actor handles belong to one Ray session; the data stays with the driver (a fusion planner that measures
         # leaves its copy behind too and loads it again when it next plans)
         return {**self.__dict__, "_service": None, "_data": None}
+
+    # --- the scale -------------------------------------------------------------------------------------
+
+    @property
+    def scale_choice(self) -> ScaleChoice | None:
+        """With ``scale="auto"``: the measured choice, once made (``None`` before, and for a given scale)."""
+        return self.state.scale_choice
+
+    def choose_scale(self, config: Mapping) -> int:
+        """The search's surrogate scale; with ``scale="auto"`` measured once, on ``config`` (a member's), and
+        kept (``fit`` chooses before Ray starts; else the first member's configuration decides)."""
+        if self.scale == AUTO:
+            if self.state.scale_choice is None:
+                if self._data is None:
+                    self._data = self.spec.load_data()
+                pool = self.state.pool
+                self.state.scale_choice = measured_scale(self.spec, config, self._data,
+                                                         min(pool.num_samples, pool.max_fusion), self.trial_cpus)
+            self._use_scale(self.state.scale_choice.scale)
+        return self.scale
+
+    def _use_scale(self, scale: int) -> None:
+        self.scale = scale
+        self.transfer = dataclasses.replace(self.transfer, scale=scale)
 
     # --- results ---------------------------------------------------------------------------------------
 
@@ -302,6 +341,7 @@ class HydroSearcher(Searcher):
         config = _complete(self.state.space, config)
         problem = check_member(self.spec, config)
         if problem is None:
+            self.choose_scale(config)
             return config
         logger.warning("member %s rejected before training (the inner searcher is told it failed): %s; "
                        "configuration %s", member, problem, config)

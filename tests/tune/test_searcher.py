@@ -10,6 +10,7 @@ from hydro.trial.fusion import PredictedFusion
 from hydro.tune import HydroSearcher, TuneSpec
 from hydro.tune.random_search import RandomSearch
 from hydro.trial.plan import TrialKind, plan_of
+from schedulers.scale_choice import AUTO_SCALES
 from tests.tune.workload import SPACE, mlp, sgd, small_digits, spec
 
 
@@ -131,6 +132,43 @@ def test_save_restore_continues_the_search(tmp_path):
     restored.restore(str(tmp_path / "searcher.pkl"))
     assert plan_of(restored.suggest("t1")).members == expected.members
     assert [m for m, _ in first.members] == ["m00000", "m00001"]
+
+
+def test_scale_auto_measures_once_at_the_first_member_and_its_trials_train_at_the_choice(caplog):
+    s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale="auto")
+    assert s.scale == "auto" and s.scale_choice is None  # nothing measured before the first trial
+    with caplog.at_level("INFO", logger="hydro.trial.scale_plan"):
+        plans = [plan_of(s.suggest("t0")), plan_of(s.suggest("t1"))]
+    choice = s.scale_choice
+    assert choice is not None and choice.scale in AUTO_SCALES and choice.scale in choice.step_s
+    assert caplog.text.count("scale='auto': S=") == 1  # measured once
+    assert s.scale == s.transfer.scale == choice.scale
+    assert all(p.scale == choice.scale and p.mup for p in plans)
+
+
+def test_scale_auto_is_kept_across_save_and_restore_without_measuring_again(tmp_path, monkeypatch):
+    import hydro.tune.searcher as searcher_module
+
+    s = HydroSearcher(spec(), RandomSearch(seed=1), num_samples=6, fusion=2, scale="auto")
+    s.set_search_properties("val_acc", "max", SPACE)
+    s.choose_scale(RandomSearch(SPACE, seed=0).suggest("x"))  # as fit does, before Ray starts
+    chosen = s.scale
+    s.save(str(tmp_path / "searcher.pkl"))
+
+    def measure_again(*args, **kwargs):
+        raise AssertionError("a restored search measured its scale again")
+
+    monkeypatch.setattr(searcher_module, "measured_scale", measure_again)
+    restored = HydroSearcher(spec(), RandomSearch(seed=99), num_samples=6, fusion=2, scale="auto")
+    restored.restore(str(tmp_path / "searcher.pkl"))
+    assert restored.scale == restored.transfer.scale == chosen
+    assert plan_of(restored.suggest("t0")).scale == chosen
+
+
+@pytest.mark.parametrize("scale", [0, 2.0, True, "Auto", None])
+def test_a_scale_that_is_neither_a_width_divisor_nor_auto_is_refused(scale):
+    with pytest.raises(ValueError, match=r"HydroSearcher: scale must be an int >= 1 .* or 'auto' \(measured\), got"):
+        HydroSearcher(spec(), num_samples=4, scale=scale)
 
 
 def test_metric_not_reported_is_named_with_the_reported_keys():

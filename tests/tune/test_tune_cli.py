@@ -30,7 +30,7 @@ def test_tune_cli_runs_a_user_workload_file(workload_file, tmp_path, capsys):
     (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
     (["--epochs", "-1"], "argument --epochs: must be >= 1, got -1"),
     (["--samples", "0"], "argument --samples: must be >= 1, got 0"),
-    (["--scale", "0"], "argument --scale: must be >= 1, got 0"),
+    (["--scale", "0"], "argument --scale: give 'auto' or a width divisor >= 1 (must be >= 1, got 0)"),
     (["--transfer-fraction", "0"], "argument --transfer-fraction: must be in (0, 1], got 0.0"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys):
@@ -140,13 +140,18 @@ def test_transfer_options_default_to_the_policy_and_the_flags_set_them():
 
 
 def test_transfer_flags_reach_the_run(workload_file, tmp_path, capsys, caplog):
+    """With ``--scale auto``: the user's 64-16-10 net shrinks only to S=2 (16/4 is below the minimum width 8)."""
     try:
-        with caplog.at_level("INFO", logger="hydro.tune.searcher"):
+        with caplog.at_level("INFO", logger="hydro"):
             assert main(["tune", "--workload", str(workload_file), "--samples", "3", "--fusion", "3", "--scheduler",
-                         "none", "--scale", "2", "--no-ladder", "--top-k", "2", "--storage", str(tmp_path / "runs"),
+                         "none", "--scale", "auto", "--no-ladder", "--top-k", "2", "--storage", str(tmp_path / "runs"),
                          "--name", "top2"]) == 0
     finally:
         ray.shutdown()
+    assert "scale='auto': S=2 for the search on cpu (3 fused members, 1 threads)" in caplog.text
+    assert "cannot shrink to S=8, S=4" in caplog.text
     assert "transfer stages after the search: 2 at full size" in caplog.text  # no ladder rung, 2 targets
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("target ")]
+    out = capsys.readouterr().out
+    assert "Hydro: 3 members (scale 2, chosen by --scale auto, fusion 3)" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("target ")]
     assert len(rows) == 2 and all(row[1] == "target" for row in rows)

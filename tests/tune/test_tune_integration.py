@@ -82,13 +82,16 @@ def test_tune_run_with_random_search_and_no_target(ray_cluster, tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(hydro, "shrink"), reason="needs the Model Shrinker (hydro.shrink)")
-def test_shrunk_members_transfer_to_a_mup_target(ray_cluster, tmp_path):
+@pytest.mark.parametrize("scale", [8, "auto"])
+def test_shrunk_members_transfer_to_a_mup_target(ray_cluster, tmp_path, scale):
+    """Also with the scale measured (``"auto"``) in a plain ``Tuner``: at the first member's suggestion."""
     workload = spec(epochs=2, model=lambda config: MLP((64, 64, 64, 10)))
-    searcher = HydroSearcher(workload, num_samples=4, fusion=4, scale=8, seed=0, ladder=False, top_k=1)
+    searcher = HydroSearcher(workload, num_samples=4, fusion=4, scale=scale, seed=0, ladder=False, top_k=1)
     results = tuner(workload, searcher, tmp_path, "shrunk").fit()
     assert not results.errors
     plans = {r.metrics["hydro_kind"]: r.config["hydro"] for r in results}
-    assert plans["surrogate"].scale == 8 and plans["surrogate"].mup
+    chosen = 8 if scale == 8 else searcher.scale_choice.scale
+    assert plans["surrogate"].scale == chosen == searcher.scale and chosen in (8, 4, 2) and plans["surrogate"].mup
     assert plans["target"].scale == 1 and plans["target"].mup
     assert results.get_best_result().metrics["hydro_kind"] == "target"
     assert len(surrogates(member_table(results, workload))) == 4
