@@ -8,8 +8,8 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     top-k full-size targets, fidelity escalation, fallback targets when the target regresses), driven by the
     policy's own decisions;
   * Hydro "auto": the scale measured as ``HydroSearcher(scale="auto")`` measures it (``hydro.trial.scale_plan``:
-    the finest of S=8, 4, 2 whose fused step costs at most twice the S=8 one's; the measuring's CPU time counted),
-    then the policy's defaults.
+    the finest of S=8, 4, 2 whose fused step costs at most 2.5 times the S=8 one's; the measuring's CPU time
+    counted), then the policy's defaults.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
 stock's top configuration, the noise), the returned configuration's own stock score against stock's best
 ("config": the choice, without the target training's noise), the target against the mean of stock's top

@@ -122,10 +122,11 @@ def _predicted_bytes(measurements: list[FusionMeasurement], count: int) -> float
 
 def measure_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, Tensor], loss_fn: Callable,
                    count: int, device: torch.device, steps: int, min_time_s: float = 0.0,
-                   clock: Callable[[], float] = time.perf_counter) -> FusionMeasurement:
+                   clock: Callable[[], float] = time.perf_counter, memory: bool = True) -> FusionMeasurement:
     """Time ``count`` members of ``model_factory()`` fused, trained with SGD on ``batch`` (inputs ``[N, ...]``,
     targets) on ``device``: the mean step over at least ``steps`` steps and ``min_time_s`` seconds by ``clock``,
-    and its peak memory (see :func:`~hydro.profiling.measure_training_step`)."""
+    and its peak memory (see :func:`~hydro.profiling.measure_training_step`; 0 on a CPU without ``memory``, which
+    saves a step)."""
     inputs, targets = (t.to(device) for t in batch)
     model = fuse([model_factory() for _ in range(count)]).to(device)
     optimizer = SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -135,8 +136,8 @@ def measure_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, 
         trial_losses(loss_fn, model(inputs), targets).sum().backward()
         optimizer.step()
 
-    elapsed, peak = measure_training_step(step, lambda: training_tensors(model, optimizer), device, steps, min_time_s,
-                                          clock)
+    elapsed, peak = measure_training_step(step, (lambda: training_tensors(model, optimizer)) if memory else None,
+                                          device, steps, min_time_s, clock)
     return FusionMeasurement(count, elapsed, peak, count * inputs.shape[0] / elapsed)
 
 

@@ -225,15 +225,15 @@ def optimized_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     return [*params, *(p.grad for p in params if p.grad is not None), *state]
 
 
-def measure_training_step(step: Callable[[], None], resident: Callable[[], list[Tensor]],
+def measure_training_step(step: Callable[[], None], resident: Callable[[], list[Tensor]] | None,
                           device: torch.device | str = "cpu", steps: int = 3, min_time_s: float = 0.0,
                           clock: Callable[[], float] = time.perf_counter) -> tuple[float, int]:
     """Mean seconds of ``step()`` (after one warm-up; at least ``steps`` calls and ``min_time_s`` seconds)
     and its peak memory in bytes.
 
     CUDA: the allocator's peak. CPU: the distinct storages of ``resident()`` plus the peak of the tensors
-    autograd holds for backward at any one time (a lower bound of the process's peak). ``clock``: as in
-    :func:`time_layer`.
+    autograd holds for backward at any one time (a lower bound of the process's peak; one more step), or 0 when
+    ``resident`` is ``None``. ``clock``: as in :func:`time_layer`.
     """
     device = torch.device(device)
     step()  # warm-up: allocates gradients and optimizer state
@@ -250,6 +250,8 @@ def measure_training_step(step: Callable[[], None], resident: Callable[[], list[
         torch.cuda.synchronize(device)
         return (clock() - start) / calls, torch.cuda.max_memory_allocated(device)
     elapsed = (clock() - start) / calls
+    if resident is None:  # time only: no step under the saved-tensor hooks
+        return elapsed, 0
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in resident()}
     saved = _LiveSavedBytes(exclude=set(storages))
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
