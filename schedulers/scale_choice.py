@@ -21,6 +21,11 @@ AUTO_SCALES = (8, 4, 2)  # the candidates, coarse to fine: the Hydro paper's S=8
 # CPU time) S=4 cost 1.4-2.1x the S=8 step on its four small workloads and 3.4-4.2x on the width-1024 residual MLP
 # (whose S=8 search is 43x cheaper than its stock search); 2.0 split the small ones by noise.
 MAX_COST = 2.5
+# Rounds of timings: the second times the scales of the first again, in the same order, and each keeps its faster
+# timing. Interleaved, a stretch of load (a shared machine's cores) slows one timing of a scale, not its ratio to the
+# others: with two benchmark processes on the 2 cores, one timing per scale put S=4 at 1.6-2.5x S=8 on the small
+# workloads (on an idle machine 1.8-2.0x).
+ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -44,30 +49,33 @@ class NoScale(ValueError):
 
 
 def choose_scale(step_seconds: Callable[[int], float], scales: Sequence[int] = AUTO_SCALES,
-                 max_cost: float = MAX_COST) -> ScaleChoice:
+                 max_cost: float = MAX_COST, rounds: int = ROUNDS) -> ScaleChoice:
     """The finest of ``scales`` (coarse to fine) whose step costs at most ``max_cost`` times the coarsest
     measurable one's. ``step_seconds(scale)``: seconds of one fused training step at ``scale``, measured when
-    asked (coarse to fine; measuring stops at the first scale over the budget, since finer ones cost more);
-    raises :class:`CannotShrink` when the model cannot be shrunk to that scale (the scale is skipped). Raises
-    :class:`NoScale` when no scale could be measured."""
+    asked: coarse to fine, stopping at the first scale over the budget (finer ones cost more), then ``rounds`` - 1
+    more times over the same scales; a scale's time is its fastest. It raises :class:`CannotShrink` when the
+    model cannot be shrunk to that scale (the scale is skipped, and not asked again). Raises :class:`NoScale`
+    when no scale could be measured."""
     if not scales or list(scales) != sorted(set(scales), reverse=True) or min(scales) < 1:
         raise ValueError(f"choose_scale: scales must be distinct ints >= 1, coarse to fine, got {list(scales)}")
     if not max_cost >= 1:
         raise ValueError(f"choose_scale: max_cost must be >= 1 (the coarsest scale's own cost), got {max_cost!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"choose_scale: rounds must be an int >= 1, got {rounds!r}")
     measured: dict[int, float] = {}
     skipped: dict[int, str] = {}
-    for scale in scales:
+    for scale in scales:  # the first round decides which scales are timed
         try:
-            seconds = step_seconds(scale)
+            seconds = _timed(step_seconds, scale)
         except CannotShrink as error:
             skipped[scale] = str(error)
             continue
-        if not seconds > 0:
-            raise ValueError(f"choose_scale: a step at S={scale} measured {seconds!r} s; a step time is > 0")
         measured[scale] = seconds
-        coarsest = next(iter(measured))
-        if seconds > max_cost * measured[coarsest]:
+        if seconds > max_cost * next(iter(measured.values())):
             break
+    for _ in range(rounds - 1):
+        for scale in measured:
+            measured[scale] = min(measured[scale], _timed(step_seconds, scale))
     if not measured:
         raise NoScale("hydro: scale='auto' could not shrink the model to any of S=" + ", ".join(map(str, scales))
                       + ": " + "; ".join(f"S={s}: {why}" for s, why in skipped.items())
@@ -83,3 +91,10 @@ def choose_scale(step_seconds: Callable[[int], float], scales: Sequence[int] = A
     if skipped:
         reason += "; cannot shrink to " + ", ".join(f"S={s}" for s in skipped)
     return ScaleChoice(chosen, measured, skipped, reason)
+
+
+def _timed(step_seconds: Callable[[int], float], scale: int) -> float:
+    seconds = step_seconds(scale)
+    if not seconds > 0:
+        raise ValueError(f"choose_scale: a step at S={scale} measured {seconds!r} s; a step time is > 0")
+    return seconds

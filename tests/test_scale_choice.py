@@ -21,15 +21,15 @@ def timed(seconds: dict[int, float], asked: list[int]):
 
 
 @pytest.mark.parametrize("seconds, chosen, asked", [
-    ({8: 1.0, 4: 1.5, 2: 2.4}, 2, [8, 4, 2]),    # overhead-bound: every halving nearly free
-    ({8: 1.0, 4: 1.9, 2: 5.0}, 4, [8, 4, 2]),    # a small model on CPU: S=4 within 2.5x, S=2 not
-    ({8: 1.0, 4: 3.6, 2: 14.0}, 8, [8, 4]),      # compute-bound: S=2 is not measured once S=4 is over
-    ({8: 1.0, 4: 2.5, 2: 2.5001}, 4, [8, 4, 2]),  # exactly 2.5x is within
+    ({8: 1.0, 4: 1.5, 2: 2.4}, 2, [8, 4, 2] * 2),    # overhead-bound: every halving nearly free
+    ({8: 1.0, 4: 1.9, 2: 5.0}, 4, [8, 4, 2] * 2),    # a small model on CPU: S=4 within 2.5x, S=2 not
+    ({8: 1.0, 4: 3.6, 2: 14.0}, 8, [8, 4] * 2),      # compute-bound: S=2 is not measured once S=4 is over
+    ({8: 1.0, 4: 2.5, 2: 2.5001}, 4, [8, 4, 2] * 2),  # exactly 2.5x is within
 ])
 def test_the_finest_scale_within_the_budget_of_the_coarsest_step(seconds, chosen, asked):
     seen: list[int] = []
     choice = choose_scale(timed(seconds, seen))
-    assert choice.scale == chosen and seen == asked
+    assert choice.scale == chosen and seen == asked  # a second round times the first round's scales again
     assert choice.step_s == {s: seconds[s] for s in asked} and not choice.skipped
     assert f"S={8}" in choice.reason
 
@@ -37,10 +37,27 @@ def test_the_finest_scale_within_the_budget_of_the_coarsest_step(seconds, chosen
 def test_scales_the_model_cannot_be_shrunk_to_are_skipped():
     seen: list[int] = []
     choice = choose_scale(timed({8: None, 4: 1.0, 2: 2.4}, seen))
-    assert (choice.scale, seen, list(choice.step_s)) == (2, [8, 4, 2], [4, 2])
+    assert (choice.scale, seen, list(choice.step_s)) == (2, [8, 4, 2, 4, 2], [4, 2])  # S=8 is not asked again
     assert "too narrow" in choice.skipped[8] and "cannot shrink to S=8" in choice.reason
     with pytest.raises(NoScale, match=r"S=8: widths too narrow at S=8; S=4: .*Fix: pass a scale"):
         choose_scale(timed({8: None, 4: None, 2: None}, []))
+
+
+@pytest.mark.parametrize("first, second, chosen", [
+    ({8: 1.5, 4: 1.9, 2: 3.6}, {8: 1.0, 4: 1.9, 2: 3.6}, 4),  # a slowed S=8 timing would have let S=2 in
+    ({8: 1.0, 4: 2.7, 2: 9.0}, {8: 1.0, 4: 1.9, 2: 9.0}, 4),  # a slowed S=4 timing would have kept S=8
+])
+def test_each_scale_keeps_its_fastest_timing_of_the_rounds(first, second, chosen):
+    rounds = [first, second]
+    calls: list[int] = []
+
+    def step_seconds(scale: int) -> float:
+        calls.append(scale)
+        return rounds[0 if calls.count(scale) == 1 else 1][scale]
+
+    choice = choose_scale(step_seconds)
+    assert choice.scale == chosen and choice.step_s == {s: min(first[s], second[s]) for s in choice.step_s}
+    assert choose_scale(lambda s: first[s], rounds=1).scale != chosen  # one round would choose otherwise
 
 
 def test_other_errors_of_the_measurement_are_not_swallowed():
@@ -57,6 +74,8 @@ def test_other_errors_of_the_measurement_are_not_swallowed():
 def test_bad_arguments_are_refused(scales, max_cost, match):
     with pytest.raises(ValueError, match=match):
         choose_scale(lambda s: 1.0, scales, max_cost)
+    with pytest.raises(ValueError, match="rounds must be an int >= 1, got 0"):
+        choose_scale(lambda s: 1.0, rounds=0)
 
 
 def test_a_step_time_that_is_not_positive_is_refused():

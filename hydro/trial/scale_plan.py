@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 MEASURED_MEMBERS = 16  # members fused in a timed step (at most): a search's trials fuse about as many or more
 MIN_STEPS, MIN_TIME_S = 3, 0.1  # per timing, after a warm-up step: enough that millisecond steps are not noise
-TIMINGS = 2  # per scale, the fastest kept: noise only slows a step down (one let the LM's S=8 step time 38 ms, not 32)
 
 
 def measured_scale(spec: TuneSpec, config: Mapping, data: tuple[DataSource, DataSource], members: int,
@@ -40,17 +39,18 @@ def measured_scale(spec: TuneSpec, config: Mapping, data: tuple[DataSource, Data
     clock = _user_cpu_s if device.type == "cpu" else time.perf_counter
     x, y = data[0].sample(spec.batch_size_of(config))
     count = max(1, min(members, MEASURED_MEMBERS))
+    templates: dict[int, torch.nn.Module] = {}  # one shrink per scale, timed in every round
 
     def step_seconds(scale: int) -> float:
-        try:
-            template = build_member(spec.model, config, scale, shrink_options=spec.shrink_options())
-        except ShrinkError as error:
-            raise CannotShrink(str(error)) from error
+        if scale not in templates:
+            try:
+                templates[scale] = build_member(spec.model, config, scale, shrink_options=spec.shrink_options())
+            except ShrinkError as error:
+                raise CannotShrink(str(error)) from error
+        template = templates[scale]
         with torch_threads(threads), autocast(device, spec.precision):  # initial values do not matter
-            seconds = min(measure_fusion(lambda: copy.deepcopy(template), (x, y), spec.loss, count, device,
-                                         MIN_STEPS, MIN_TIME_S, clock, memory=False).step_time_s
-                          for _ in range(TIMINGS))
-        return seconds
+            return measure_fusion(lambda: copy.deepcopy(template), (x, y), spec.loss, count, device, MIN_STEPS,
+                                  MIN_TIME_S, clock, memory=False).step_time_s
 
     choice = choose_scale(step_seconds, AUTO_SCALES)
     logger.info("scale='auto': S=%d for the search on %s (%d fused members, %d threads): %s", choice.scale,
