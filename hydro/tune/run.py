@@ -121,7 +121,9 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
         energy: EnergySettings | None = None, bubbles: bool = False, cpus_per_trial: float = 1,
         gpus_per_trial: float = 0, **transfer) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
-    table and best configuration written to its directory) and the searcher.
+    table and best configuration written to its directory) and the searcher. ``scale``: the surrogates' width
+    divisor, or ``"auto"``, measured here before Ray starts (``HydroSearcher``; the searcher's ``scale`` is then
+    the chosen one).
 
     ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
     process before any trial starts. ``verbose``: 0 silent, 1 member
