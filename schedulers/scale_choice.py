@@ -18,7 +18,7 @@ AUTO_SCALES = (8, 4, 2)  # the candidates, coarse to fine: the Hydro paper's S=8
 # A finer scale's step may cost up to this many times the coarsest's. A step takes fixed + work, the work ∝ width²:
 # halving the width from S=8 multiplies the step by 4 - 3f, f the fixed share of the S=8 step, so S=4 within 2.5x
 # means at least half of the S=8 step is fixed cost. On the fidelity benchmark's CPU (one thread, 16 fused members,
-# CPU time) S=4 cost 1.4-2.1x the S=8 step on its four small workloads and 3.4-4.2x on the width-1024 residual MLP
+# CPU time) S=4 cost 1.4-2.1x the S=8 step on its four small workloads and 3.2-4.2x on the width-1024 residual MLP
 # (whose S=8 search is 43x cheaper than its stock search); 2.0 split the small ones by noise.
 MAX_COST = 2.5
 # Rounds of timings: the second times the scales of the first again, in the same order, and each keeps its faster
