@@ -57,9 +57,9 @@ from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.random_search import RandomSearch
+from schedulers.scale_choice import AUTO
 from schedulers.transfer import Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
 
-AUTO = "auto"  # a variant's scale measured as HydroSearcher(scale="auto") measures it
 NOISE_SEEDS = (1, 2)  # extra full-size seeds of stock's top configuration
 TABLE_SCALES = (8, 4, 2)  # every configuration is also trained at each of these scales: how well each one ranks
 

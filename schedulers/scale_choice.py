@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
+AUTO = "auto"  # the scale a user passes to let Hydro choose
 AUTO_SCALES = (8, 4, 2)  # the candidates, coarse to fine: the Hydro paper's S=8 down to half width
 # A finer scale's step may cost up to this many times the coarsest's. A step takes fixed + work, the work ∝ width²:
 # halving the width from S=8 multiplies the step by 4 - 3f, f the fixed share of the S=8 step, so S=4 within 2.5x
@@ -38,6 +39,12 @@ class ScaleChoice:
     step_s: dict[int, float]
     skipped: dict[int, str] = field(default_factory=dict)
     reason: str = ""
+
+
+def checked_scale(scale: int | str) -> int:
+    """The scale to check a search's options at before it is known: ``scale``, or with :data:`AUTO` the
+    coarsest candidate (every candidate is shrunk, so the options valid there are valid at the choice)."""
+    return AUTO_SCALES[0] if scale == AUTO else scale
 
 
 class CannotShrink(ValueError):

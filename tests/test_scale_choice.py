@@ -8,7 +8,7 @@ import pytest
 from hydro.trial.scale_plan import measured_scale
 from hydro.tune.examples import digits_mlp
 from hydro.tune.random_search import RandomSearch
-from schedulers.scale_choice import AUTO_SCALES, CannotShrink, NoScale, choose_scale
+from schedulers.scale_choice import AUTO_SCALES, CannotShrink, NoScale, checked_scale, choose_scale
 
 
 def timed(seconds: dict[int, float], asked: list[int]):
@@ -100,3 +100,7 @@ def test_strict_shrinking_skips_the_scales_it_refuses():
     choice = measured_scale(spec, RandomSearch(space, seed=0).suggest("x"), spec.load_data(), members=2, threads=1)
     assert 8 in choice.skipped and "min_width" in choice.skipped[8] and 8 not in choice.step_s
     assert choice.scale in (4, 2)
+
+
+def test_a_search_is_checked_at_its_scale_or_with_auto_at_the_coarsest_candidate():
+    assert [checked_scale(s) for s in ("auto", 1, 4)] == [AUTO_SCALES[0], 1, 4]

@@ -23,9 +23,8 @@ from hydro.trial.check import describe
 from hydro.trial.spec import TuneSpec
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table, target_result
 from hydro.tune.run import TuningFailed, asha, check_arguments, fit, optuna_tpe, prepare
-from hydro.tune.searcher import AUTO
 from hydro.tune.trainable import require_resources, trial_resources
-from schedulers.scale_choice import AUTO_SCALES
+from schedulers.scale_choice import AUTO, checked_scale
 from schedulers.transfer import STAGE_OPTIONS, Disagreement, TransferPolicy
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -215,9 +214,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:  # before Ray starts
         check_arguments(spec, space, energy=energy, bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
-        TransferPolicy(args.transfer_fraction, args.samples, spec.metric, spec.mode,  # refuses transfer options that
-                       scale=AUTO_SCALES[0] if args.scale == AUTO else args.scale,  # cannot act (e.g. at --scale 1)
-                       **transfer_options(args))
+        TransferPolicy(args.transfer_fraction, args.samples, spec.metric, spec.mode, scale=checked_scale(args.scale),
+                       **transfer_options(args))  # refuses transfer options that cannot act (e.g. at --scale 1)
         data = prepare(spec, space, scale=args.scale, seed=args.seed)
     except ValueError as error:  # a WorkloadError too
         raise UsageError(f"hydro tune: {error}") from None

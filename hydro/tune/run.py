@@ -23,9 +23,9 @@ from hydro.tune.progress import MemberProgress, show_progress
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import failure_summary, failures, write_results
 from hydro.tune.retry_logs import KeepResultsOnRetry
-from hydro.tune.searcher import AUTO, HydroSearcher
+from hydro.tune.searcher import HydroSearcher
 from hydro.tune.trainable import require_resources, trainable, trial_resources
-from schedulers.scale_choice import AUTO_SCALES
+from schedulers.scale_choice import AUTO, AUTO_SCALES
 
 NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 

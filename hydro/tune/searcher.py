@@ -27,6 +27,7 @@ from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.sample import Domain
 
+from hydro.checks import is_count
 from hydro.trial.check import check_member
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
@@ -40,14 +41,13 @@ from hydro.tune.session import ERROR_KEY, MEMBERS_KEY, TRIAL_CPUS_KEY, TRIAL_GPU
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
-from schedulers.scale_choice import AUTO_SCALES, ScaleChoice
+from schedulers.scale_choice import AUTO, ScaleChoice, checked_scale
 from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
 from schedulers.trial_slots import TRIAL_OVERHEAD_S, rung_trials, split_evenly, trial_slots, whole_round_counts
 
 logger = logging.getLogger(__name__)
 
 _SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale", "slots"}  # not in **transfer
-AUTO = "auto"  # scale=AUTO: the searcher measures which surrogate scale pays (hydro.trial.scale_plan)
 
 
 @dataclass
@@ -151,7 +151,7 @@ class HydroSearcher(Searcher):
                 isinstance(v, (int, float)) and v >= 0 for v in trial_resources.values())):
             raise ValueError(f"HydroSearcher: trial_resources holds Ray resource amounts >= 0 per trial, e.g. "
                              f"{{'CPU': 1, 'GPU': 0.5}}; got {trial_resources!r}")
-        if scale != AUTO and (isinstance(scale, bool) or not isinstance(scale, int) or scale < 1):
+        if scale != AUTO and not is_count(scale):
             raise ValueError(f"HydroSearcher: scale must be an int >= 1 (the surrogates' width divisor; 1: full size) "
                              f"or 'auto' (measured), got {scale!r}")
         if searcher is not None and not isinstance(searcher, Searcher):
@@ -163,8 +163,8 @@ class HydroSearcher(Searcher):
             raise TypeError(f"HydroSearcher: unknown transfer option(s) {unknown}; the transfer options are {options}")
         self.spec, self.scale, self.trial_cpus, self._data = spec, scale, trial_cpus, data
         self._planner = None if fusion == "auto" else fusion if isinstance(fusion, FusionPlanner) else FixedFusion(fusion)
-        self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode,  # auto: checked as
-                                       scale=AUTO_SCALES[0] if scale == AUTO else scale, **transfer)  # shrunk
+        self.transfer = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode,
+                                       scale=checked_scale(scale), **transfer)
         rule = stopping_rule(scheduler, spec.metric)
         self.inner = searcher if searcher is not None else RandomSearch(seed=seed)
         self.state = SearchState(MemberPool(num_samples, max_fusion), MemberLedger(),
@@ -280,13 +280,17 @@ class HydroSearcher(Searcher):
         kept (``fit`` chooses before Ray starts; else the first member's configuration decides)."""
         if self.scale == AUTO:
             if self.state.scale_choice is None:
-                if self._data is None:
-                    self._data = self.spec.load_data()
                 pool = self.state.pool
-                self.state.scale_choice = measured_scale(self.spec, config, self._data,
+                self.state.scale_choice = measured_scale(self.spec, config, self._loaded_data(),
                                                          min(pool.num_samples, pool.max_fusion), self.trial_cpus)
             self._use_scale(self.state.scale_choice.scale)
         return self.scale
+
+    def _loaded_data(self) -> tuple[DataSource, DataSource]:
+        """The workload's data, loaded in this process when first needed (it is not pickled with the searcher)."""
+        if self._data is None:
+            self._data = self.spec.load_data()
+        return self._data
 
     def _use_scale(self, scale: int) -> None:
         self.scale = scale
@@ -351,11 +355,9 @@ class HydroSearcher(Searcher):
 
     def _fusion_for(self, key, config: Mapping) -> int:
         if self._planner is None:  # fusion="auto"
-            if self._data is None:
-                self._data = self.spec.load_data()
             pool, seeds = self.state.pool, self.transfer.seeds
             counts = whole_round_counts(pool.num_samples, self._trial_slots())  # per search trial, filling the slots
-            self._planner = MeasuredFusion(self.spec, self.scale, self._data, min(
+            self._planner = MeasuredFusion(self.spec, self.scale, self._loaded_data(), min(
                 pool.max_fusion, pool.num_samples, self._search_share() * seeds), self.trial_cpus,
                 counts=None if counts is None else [count * seeds for count in counts])
         return self._planner.fusion_for(key, config)
