@@ -39,7 +39,7 @@ def test_every_record_has_provenance():
         entry = json.loads(path.read_text())
         for key in ("command", "machine", "commit", "date", "load"):
             assert isinstance(entry[key], str) and entry[key].strip(), (path.name, key)
-        assert entry["commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", entry["commit"]), path.name
+        assert entry["commit"] in ("unknown", "per row") or re.fullmatch(r"[0-9a-f]{40}", entry["commit"]), path.name
 
 
 def test_a_record_without_provenance_is_refused(tmp_path):
@@ -82,3 +82,11 @@ def test_links_into_results_name_a_table_and_local_links_resolve():
             assert resolved.exists(), f"{doc.relative_to(ROOT)} links to missing {target}"
             if resolved == results_table.RESULTS and anchor:
                 assert anchor in anchors, f"{doc.relative_to(ROOT)} links to unknown table {target}"
+
+
+def test_a_per_row_commit_needs_a_commit_column(tmp_path):
+    entry = {key: "unknown" for key in results_table.REQUIRED}
+    entry.update(benchmark="b", id="x", commit="per row", columns=["a"], rows=[["1"]])
+    (tmp_path / "x.json").write_text(json.dumps(entry))
+    with pytest.raises(ValueError, match="no 'commit' column"):
+        results_table.load(tmp_path)
