@@ -1,6 +1,7 @@
 """The documentation cannot drift: ``benchmarks/RESULTS.md`` is exactly what ``benchmarks.results_table`` renders from
-``benchmarks/recorded/*.json``, every link into it names a table there, and the README stays a short user page with
-the test command CI runs (``.ci/run``) between its markers."""
+``benchmarks/recorded/*.json``, every local link and anchor in the README and ``docs/`` resolves (into RESULTS.md: a
+table's id), and the README stays a short user page with the test command CI runs (``.ci/run``) between its
+markers."""
 from __future__ import annotations
 
 import json
