@@ -25,7 +25,7 @@ sets ``TuneSpec.device``; with ``--gpus-per-trial G`` every trial (stock and Hyd
 (fractions share one). The table adds each run's mean fraction of training time spent waiting for data and, where
 NVML sees GPUs, their utilisation and energy over the run (read only). ``--image-noise``: the generated images'
 per-pixel noise (at 1, the default, every run's best reaches 100%; at 6 configurations differ).
-``--workload resmlp-wide``: issue 15's kind of workload, the overfitting AdamW pre-LN residual MLP of
+``--workload resmlp-wide``: the overfitting AdamW pre-LN residual MLP of
 ``benchmarks/transfer_fidelity.py`` (lr, weight decay, beta1; width ``--hidden``) on its noisy synthetic tabular
 task, where a surrogate can prefer a different validation optimum and a model-based searcher (d) could follow it.
 ``--target-seeds K``: each run's best configuration is trained K times (the spec's seed, as Hydro's target trial,

@@ -1,4 +1,4 @@
-"""Transfer fidelity over many seeds: the README's table from ``benchmarks/transfer_fidelity.py``'s JSON files.
+"""Transfer fidelity over many seeds: a summary table from ``benchmarks/transfer_fidelity.py``'s JSON files.
 
 Per workload and variant: on how many runs the returned configuration is within 1 point (1% of the loss) of
 stock's best in expectation (both configurations trained as Hydro's full-size target over the same seeds) and

@@ -7,7 +7,7 @@ autograd-saved tensors) and that peak per member.
 
     python benchmarks/fusion_throughput.py [--members 1 4 16 64] [--batch 64] [--device cpu]
     python benchmarks/fusion_throughput.py --suite gpu --device cuda --precision bf16 [--compile]
-        # issue 13: CIFAR ResNet-18, Transformer (d 512) and MLP 784-4096-4096-10, each shrunk S=8 (µP),
+        # the GPU suite: CIFAR ResNet-18, Transformer (d 512) and MLP 784-4096-4096-10, each shrunk S=8 (µP),
         # batch 256, F in 1 8 32 64 256
 
 ``--precision bf16`` runs forward and loss under autocast for all three methods; ``--compile`` compiles the
@@ -38,7 +38,7 @@ WORKLOADS = {
     "mlp-64-32-32-10": (lambda: MLP((64, 32, 32, 10)), lambda b: torch.randn(b, 64), 10),
     "cnn": (CNN, lambda b: torch.randn(b, 1, 8, 8), 10),
     "transformer": (TransformerClassifier, lambda b: torch.randint(0, 32, (b, 12)), 4),
-    # issue 13's GPU suite: full-size models shrunk to their S=8 µP surrogates
+    # the GPU suite: full-size models shrunk to their S=8 µP surrogates
     "resnet18-s8": (lambda: hydro.shrink(ResNet18(), 8), lambda b: torch.randn(b, 3, 32, 32), 10),
     "transformer-s8": (lambda: hydro.shrink(TransformerClassifier(1000, 512, 8, 2, 2048, 10, max_len=128), 8),
                        lambda b: torch.randint(0, 1000, (b, 128)), 10),

@@ -1,12 +1,10 @@
 """Which width divisor S a search's surrogates train at when the user lets Hydro choose (``scale="auto"``), from
 measured step times (plain Python).
 
-Narrower surrogates rank configurations less faithfully (``benchmarks/transfer_fidelity.py``: Spearman against
-full size rises from S=8 to S=4 to S=2 on every workload, and an overfitting width-256 residual MLP ranks at
-chance at S=8, width 32), while on a small model a narrower surrogate barely trains faster: its step is mostly
-fixed cost (kernel launches, the optimizer's loop, Python), not the width² work that shrinking removes. So the
-choice is the *finest* scale whose fused training step costs at most ``max_cost`` (2.5) times the coarsest one's:
-shrinking further than that buys less than it costs in fidelity.
+Narrower surrogates rank configurations less faithfully, while on a small model a narrower surrogate barely trains
+faster: its step is mostly fixed cost (kernel launches, the optimizer's loop, Python), not the width² work that
+shrinking removes. So the choice is the *finest* scale whose fused training step costs at most ``max_cost`` times the
+coarsest one's. The measurements behind the constants: ``docs/design/scale-choice.md``.
 """
 from __future__ import annotations
 
@@ -15,17 +13,14 @@ from dataclasses import dataclass, field
 
 
 AUTO = "auto"  # the scale a user passes to let Hydro choose
-AUTO_SCALES = (8, 4, 2)  # the candidates, coarse to fine: the Hydro paper's S=8 down to half width
-# A finer scale's step may cost up to this many times the coarsest's. A step takes fixed + work, the work ∝ width²:
+AUTO_SCALES = (8, 4, 2)  # the candidates, coarse to fine
+# A finer scale's step may cost up to this many times the coarsest's. A step takes fixed cost + work ∝ width²:
 # halving the width from S=8 multiplies the step by 4 - 3f, f the fixed share of the S=8 step, so S=4 within 2.5x
-# means at least half of the S=8 step is fixed cost. On the fidelity benchmark's CPU (one thread, 16 fused members,
-# CPU time) S=4 cost 1.4-2.1x the S=8 step on its four small workloads and 3.2-4.2x on the width-1024 residual MLP
-# (whose S=8 search is 43x cheaper than its stock search); 2.0 split the small ones by noise.
+# means at least half of the S=8 step is fixed cost.
 MAX_COST = 2.5
 # Rounds of timings: the second times the scales of the first again, in the same order, and each keeps its faster
-# timing. Interleaved, a stretch of load (a shared machine's cores) slows one timing of a scale, not its ratio to the
-# others: with two benchmark processes on the 2 cores, one timing per scale put S=4 at 1.6-2.5x S=8 on the small
-# workloads (on an idle machine 1.8-2.0x).
+# timing, so a stretch of load (other processes on shared cores) slows one timing of a scale, not its ratio to the
+# others.
 ROUNDS = 2
 
 
@@ -57,12 +52,27 @@ class NoScale(ValueError):
 
 def choose_scale(step_seconds: Callable[[int], float], scales: Sequence[int] = AUTO_SCALES,
                  max_cost: float = MAX_COST, rounds: int = ROUNDS) -> ScaleChoice:
-    """The finest of ``scales`` (coarse to fine) whose step costs at most ``max_cost`` times the coarsest
-    measurable one's. ``step_seconds(scale)``: seconds of one fused training step at ``scale``, measured when
-    asked: coarse to fine, stopping at the first scale over the budget (finer ones cost more), then ``rounds`` - 1
-    more times over the same scales; a scale's time is its fastest. It raises :class:`CannotShrink` when the
-    model cannot be shrunk to that scale (the scale is skipped, and not asked again). Raises :class:`NoScale`
-    when no scale could be measured."""
+    """The finest of ``scales`` whose step costs at most ``max_cost`` times the coarsest measurable one's.
+
+    Scales are measured coarse to fine, stopping at the first one over the budget (finer ones cost more), then
+    ``rounds`` - 1 more times over the same scales; a scale's time is its fastest.
+
+    Args:
+        step_seconds: ``step_seconds(scale)`` measures one fused training step at ``scale`` and returns its
+            seconds (> 0); it raises :class:`CannotShrink` when the model cannot be shrunk to ``scale`` (the scale
+            is skipped and not asked again).
+        scales: candidate width divisors, distinct ints >= 1, coarse to fine.
+        max_cost: the budget as a multiple of the coarsest measured scale's step (>= 1).
+        rounds: timing rounds (int >= 1).
+
+    Returns:
+        The :class:`ScaleChoice`: the chosen scale, each measured scale's step seconds, the skipped scales and
+        the reason in words.
+
+    Raises:
+        ValueError: bad ``scales``, ``max_cost`` or ``rounds``, or a measured step time that is not > 0.
+        NoScale: no scale could be measured.
+    """
     if not scales or list(scales) != sorted(set(scales), reverse=True) or min(scales) < 1:
         raise ValueError(f"choose_scale: scales must be distinct ints >= 1, coarse to fine, got {list(scales)}")
     if not max_cost >= 1:

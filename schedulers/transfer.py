@@ -19,8 +19,7 @@ different validation optimum and single-seed scores are noisy. Remedies, all dec
   where the next rung keeps it, clearly ahead of the best one left out, is the disagreement) or the target
   regresses, every configuration is ranked again at S/2 (those not trained there yet train at S/2, once) and the
   ladder goes on from that ranking, down to new full-size targets: a surrogate scale too coarse for the workload
-  (e.g. an overfitting model whose best configurations at full size rank last at S=8) is replaced by the next finer
-  one;
+  is replaced by the next finer one;
 - *fallback targets*: when the target still regresses, the next ``fallback_targets`` configurations in ladder
   order (the finest surrogate scale's ranking, then the next coarser scale's for the ones it did not reach, ...)
   train at full size too, once, and the best full-size one on validation is returned.
@@ -39,9 +38,8 @@ from dataclasses import dataclass, fields
 from enum import Enum
 
 FULL_SIZE = 1
-# Ranking every configuration again at S/2 costs (2/S)² of a full-size search of them: 1/16 at S=8, but 1/4 at
-# S=4, more than a 5x speed-up allows on its own (replayed on the fidelity benchmark's scores at S=4, it chose no
-# better than the fallback targets, for more).
+# The finest S/2 an escalation ranks every configuration at: that costs (2/S)² of a full-size search of them (1/16
+# at S=8, 1/4 at S=4; docs/design/transfer.md).
 MIN_ESCALATION_SCALE = 4
 # The TransferPolicy options that shape the stages after a shrunk search (``seeds`` repeats the search's members too).
 STAGE_OPTIONS = ("ladder", "eta", "top_k", "min_agreement", "max_target_drop", "escalate", "disagreement", "probes",
@@ -86,26 +84,14 @@ Stages = Sequence[Mapping[str, Score]]  # config id -> score of each finished st
 class Disagreement(Enum):
     """When the first rung's transfer check (the search at S against S/2) is a disagreement that escalates.
 
-    ``PROBE`` (the default): the first rung also trains ``probes`` configurations from below its cut at S (every
-    other one: with 16 configurations and a cut of 6, the 7th, 9th and 11th), and one of them ranks at S/2 among
-    those the next rung keeps, ahead of the best configuration left out by more than ``probe_margin`` (the cut at S
-    dropped a configuration S/2 would promote), or the check is low as ``CONFIDENT`` says (over the first rung and
-    its probes: with 9 configurations the bound is below 0.5 from rho -0.13, with 6 from -0.41). ``LIKELY``: rho
-    itself is below ``min_agreement`` over at least 4 configurations. ``CONFIDENT``: its one-sided 95% upper bound
-    is below ``min_agreement`` too (the check is low: the warning's rule).
+    - ``PROBE`` (the default): one of the ``probes`` configurations from below the first rung's cut at S (every
+      other rank: with 16 configurations and a cut of 6, the 7th, 9th and 11th), trained in the first rung, ranks at
+      S/2 among those the next rung keeps, ahead of the best configuration left out by more than ``probe_margin``;
+      or the check over the first rung and its probes is low as ``CONFIDENT`` says.
+    - ``LIKELY``: rho is below ``min_agreement`` over at least 4 configurations.
+    - ``CONFIDENT``: rho's one-sided 95% upper bound is below ``min_agreement`` (the transfer warning's rule).
 
-    On ``benchmarks/transfer_fidelity.py`` (10 seeds of 4 small workloads, 4 of a width-1024 residual MLP):
-    ``CONFIDENT`` let residual-MLP searches through whose best full-size configurations ranked below the cut at
-    S=8 (seeds 3 and 8: 4.7 and 2.7 points short in expectation). ``LIKELY`` caught those, but escalated on the
-    noise of the first rung's close configurations (wide model, seeds 0 and 2: 4.6x and 4.3x instead of 7-8x)
-    and let seed 6 through (2.7 short). The probes ask the question the failure poses (were good configurations
-    cut?): with them the first rung escalates the residual MLP on 8 of its 10 seeds and the wide model on none,
-    and 9 of the 10 end at most 0.6 points short in expectation (seed 4 misses at the first rung's cut, where two
-    configurations are level). Every other rank rather than the next 3: on seed 6 the probe S/2 promoted ranked 11th
-    at S=8. On seeds 10-19, held out, the residual MLP ended more than a point short on 4 of 10: its S=8 surrogates
-    rank configurations no better than chance (Spearman 0.06 against full size over seeds 0-19; S=4: 0.68), stock's
-    best ranked 12th to 15th there, below every probe, and S=8 against S=4 agrees at 0.44, so no check between
-    neighbouring scales sees it. The remedy there is a finer search scale (S=4: 19 of 20 seeds within a point).
+    Why ``PROBE`` is the default: ``docs/design/transfer.md``.
     """
 
     PROBE = "probe"
@@ -207,42 +193,47 @@ def _ranks(values: Sequence[float]) -> list[float]:
 
 @dataclass
 class TransferPolicy:
-    """``fraction``: share of the ``num_samples`` search members that must have finished before the transfer
-    stages start (``None``: no stages, no target); ranked by their final ``metric`` in ``mode``. ``scale``: the
-    search's surrogate scale S. ``ladder``: train the best ``1/eta`` at S/2, S/4, ... before full size.
-    ``top_k``: configurations trained at full size. ``seeds``: repeats of each configuration in surrogate
-    stages. ``min_agreement``: a transfer check whose Spearman rho is confidently below this is low.
-    ``max_target_drop``: a full-size score worse than the same configuration's finest surrogate score by more
-    than this fraction is a :class:`TargetRegression` (1%: at 0.5% the fallback targets returned stock's best
-    configuration on residual-MLP seeds 4 and 7 of ``benchmarks/transfer_fidelity.py``, whose targets were 0.98%
-    and 0.53% below their S=2 scores and 1.4 and 0.6 points worse in expectation, but fired on noise where it
-    cost most: the wide model's seed 3, 0.75% (2.8x instead of 7.8x), and ``benchmarks/e2e_tuning.py`` with
-    Optuna TPE, 0.7% or 3 of 450 validation samples (203 s instead of 96 s); neither changed the
-    answer). ``escalate``: fidelity escalation (once) when the check of S against the first rung (S/2) disagrees
-    (``disagreement``, a :class:`Disagreement`) or the target regresses; only where S/2 >= 4 (S >= 8).
-    ``probes``: with :attr:`Disagreement.PROBE`, how many configurations from below the first rung's cut at S
-    (every other one) the first rung trains too (each costs ``seeds`` ÷ (S/2)² full-size trainings).
-    ``probe_margin``: a probe that S/2 ranks among those the next rung keeps is promoted only when it leads the
-    best configuration S/2 leaves out by more than this fraction (1%: ``benchmarks/e2e_tuning.py`` with Optuna
-    TPE escalated on a probe ahead by at most one validation sample of 450, 0.22%, for the same answer at half
-    the speed; on ``benchmarks/transfer_fidelity.py`` the probes that escalated led by 1.2-5.8%, the two that
-    caught real failures, residual-MLP seeds 3 and 6, by 2.5% and 4.1%, and the margin changed no answer).
-    ``fallback_targets``: on a regression of the returned target that escalation did not cure, the next
-    configurations in ladder order trained at full size (at most this many, once). ``slots``: how many trials of a
-    rung train at once where a trial's time grows with its members (CPU trials; set by the searcher): a rung leaves
-    out the configurations of a last round of the slots that would be at most half full (on 2 slots, a rung of 3
-    configurations at S=2 trains as trials of 2 and 1 members, in twice the time of 1 and 1: it keeps 2).
-    An unshrunk search (``scale`` 1) has nothing to transfer: its one stage re-trains its best configuration at full
-    size, with no regression check (a re-run, not a transfer), and the options other than ``seeds``, which cannot act
-    there or without stages (``fraction`` ``None``), are refused when set away from their defaults (``ValueError``).
+    """What a search trains after its surrogates and which configuration it returns; stateless: every decision is
+    replayed from the scores of the finished stages.
 
-    Defaults (the ladder, one full-size target, one seed, escalation with 3 probes, 2 fallback targets) are what won
-    ``benchmarks/transfer_fidelity.py``: the ladder as good as top-2 or seed repeats on its workloads, for less;
-    the fallback targets, which cost only when a target regresses, never made a result worse there; escalation
-    brought the overfitting MLP at S=8, whose best configurations at full size rank last at S=8, from 5.2 and 6.2
-    points short of stock's best to 1.2 and 0.3, and made no result worse; escalating on a probe that S/2 promotes
-    caught the run the confident rule let through 4.7 points short, without the needless escalations of
-    :attr:`Disagreement.LIKELY` (see :class:`Disagreement`)."""
+    Args:
+        fraction: share of the ``num_samples`` search members that must have finished before the stages start, in
+            (0, 1]; ``None``: no stages and no full-size target.
+        num_samples: the search's members.
+        metric: the reported metric the configurations are ranked by.
+        mode: ``"min"`` or ``"max"``.
+        scale: the search's surrogate width divisor S (1: full size).
+        ladder: train the best ``1/eta`` again at S/2, S/4, ... (scales above 1) before full size; ``False``: the
+            search's best configurations go to full size directly.
+        eta: each rung keeps the best ``1/eta`` of the configurations before it (int >= 2).
+        top_k: configurations trained at full size; the best on validation is returned (int >= 1).
+        seeds: trainings of each configuration in the surrogate stages; its score is their mean (int >= 1).
+        min_agreement: a transfer check whose Spearman rho has a one-sided 95% upper bound below this is low
+            (in [-1, 1]).
+        max_target_drop: a full-size score worse than the same configuration's finest surrogate score by more than
+            this fraction of it is a :class:`TargetRegression` (>= 0; ``math.inf`` turns the check off).
+        escalate: fidelity escalation, once, when the first rung disagrees (``disagreement``) or the target
+            regresses; only where S/2 >= :data:`MIN_ESCALATION_SCALE` (S >= 8).
+        disagreement: what makes the first rung disagree (:class:`Disagreement`).
+        probes: with :attr:`Disagreement.PROBE`, configurations from below the first rung's cut at S (every other
+            rank) that the first rung trains too; each costs ``seeds`` ÷ (S/2)² full-size trainings (int >= 0).
+        probe_margin: a probe S/2 ranks among those the next rung keeps is promoted only when it leads the best
+            configuration S/2 leaves out by more than this fraction (>= 0).
+        fallback_targets: on a regression of the returned target that escalation did not cure, at most this many
+            more configurations, the next in ladder order, train at full size, once (int >= 0).
+        slots: trials of a rung that train at once where a trial's time grows with its members (CPU trials; set by
+            the searcher); a rung leaves out the configurations of a last round of the slots that would be at most
+            half full, unless it would then keep no more than ``top_k`` (int >= 1).
+
+    With ``scale`` 1 there is nothing to transfer: the one stage re-trains the best configuration at full size,
+    with no regression check.
+
+    Raises:
+        ValueError: an option of the wrong type or out of its range; or an option other than ``seeds`` set away
+            from its default where it cannot act (``scale`` 1 or ``fraction`` ``None``).
+
+    Why the defaults are what they are: ``docs/design/transfer.md``.
+    """
 
     fraction: float | None
     num_samples: int

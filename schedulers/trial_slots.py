@@ -11,11 +11,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 TRIAL_OVERHEAD_S = 5.0
-"""Seconds one more trial costs before it trains: a worker starting Python, Ray and torch (3-4 s on the 2-core
-machine: a rung's trial given a new worker started 3.8 s after its sibling given a cached one) and the trial's
-set-up (data, members: about 1 s for 12 S=8 members of the 1024-wide residual MLP). An upper bound since a stage's
-trials reuse the previous stage's workers (``HydroSearcher`` closes stages on results): then only a trial beyond
-those workers, or a widened one, starts a worker."""
+"""Seconds one more trial costs before it trains: a worker starting Python, Ray and torch, and the trial's set-up
+(data, members). An upper bound since a stage's trials reuse the previous stage's workers (``HydroSearcher`` closes
+stages on results): then only a trial beyond those workers, or a widened one, starts a worker."""
 
 
 def trial_slots(nodes: Iterable[Mapping[str, float]], request: Mapping[str, float],

@@ -1,10 +1,10 @@
 """``torch.optim``'s guards against ``torch.compile``, without importing ``torch._dynamo`` while nothing compiles.
 
 ``torch.optim.Optimizer``'s ``add_param_group``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` are wrapped
-by ``torch._disable_dynamo``, which imports ``torch._dynamo`` on the first call (about 1 s on the 2-core machine:
-in the driver's workload check and in every new trial process, on their critical path) only so that dynamo does
-not trace them. Until ``torch._dynamo`` is loaded nothing can be compiling and the guard has nothing to do, so
-calling the function it wraps is the same; once it is loaded, the methods run as torch wrote them.
+by ``torch._disable_dynamo``, which imports ``torch._dynamo`` on the first call (in the driver's workload check and
+in every new trial process, on their critical path) only so that dynamo does not trace them. Until
+``torch._dynamo`` is loaded nothing can be compiling and the guard has nothing to do, so calling the function it
+wraps is the same; once it is loaded, the methods run as torch wrote them.
 """
 from __future__ import annotations
 

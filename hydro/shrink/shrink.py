@@ -31,7 +31,7 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Colle
     built anew (torch's initialisation, then µP's rescaling; a custom initialisation of ``model`` is not
     carried over), the output layer becomes a :class:`Readout` (input × 1/width_mult; initialised as mup's
     MuReadout, torch's init ×sqrt(width_mult): the scheme of the full-size model's torch init; zero with
-    ``readout_zero_init=True``, which ranked configurations no better in ``benchmarks/transfer_fidelity.py``),
+    ``readout_zero_init=True``),
     attention keeps the head dimension with fewer heads (narrower heads where the width is not a multiple of it)
     and scales logits by sqrt(full head_dim)/head_dim (torch's 1/sqrt(head_dim) while the head dimension is kept).
     Parameters used directly in forward are sliced. Every parameter carries ``hydro_mup`` (:class:`MuShape`),

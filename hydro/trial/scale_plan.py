@@ -33,8 +33,7 @@ def measured_scale(spec: TuneSpec, config: Mapping, data: tuple[DataSource, Data
     process's GPU, else CPU) with ``threads`` torch threads, in ``spec.precision``, at each of
     :data:`~schedulers.scale_choice.AUTO_SCALES` in turn (a scale the model cannot be shrunk to is skipped).
     Steps are timed by the process's user CPU time on a CPU (neither other processes' load nor a fresh process's
-    page faults count: with them the char LM's S=8 step timed 44-50 ms at first and 32-35 ms later in the same
-    process, in user time 30-33 ms from the start), by the wall clock on a GPU."""
+    page faults count), by the wall clock on a GPU."""
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     clock = _user_cpu_s if device.type == "cpu" else time.perf_counter
     x, y = data[0].sample(spec.batch_size_of(config))

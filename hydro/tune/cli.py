@@ -87,8 +87,8 @@ def _add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
     """The transfer stages' options (:class:`~schedulers.transfer.TransferPolicy`), with its defaults."""
     default = {f.name: f.default for f in dataclasses.fields(TransferPolicy) if f.name in TRANSFER_OPTIONS}
     fraction = checked(float, lambda value: value >= 0, ">= 0")
-    group = parser.add_argument_group("transfer stages (after the surrogates, with --scale > 1; README: "
-                                      "Trustworthy transfer)")
+    group = parser.add_argument_group("transfer stages (after the surrogates, with --scale > 1; "
+                                      "docs/tuner-and-transfer.md#trustworthy-transfer)")
     group.add_argument("--ladder", action=argparse.BooleanOptionalAction, default=default["ladder"],
                        help="the width ladder: the best 1/eta again at S/2, S/4, ... before full size")
     group.add_argument("--eta", type=at_least(2), default=default["eta"], help="each ladder rung keeps the best 1/eta")

@@ -98,45 +98,49 @@ class SearchState:
 
 
 class HydroSearcher(Searcher):
-    """Search with ``searcher`` (any Ray ``Searcher``; ``None``: random/grid sampling of the param space)
-    over ``num_samples`` member configurations, trained as fused surrogates of width ÷ ``scale``; ``scale="auto"``:
-    the finest of S=8, 4, 2 whose fused training step costs at most 2.5 times the S=8 one's, measured before the
-    first trial on this process's device (its GPU, else CPU; :func:`~hydro.trial.scale_plan.measured_scale`,
-    logged; :attr:`scale` is the chosen S from then on, :attr:`scale_choice` the measurements), since narrower
-    surrogates rank configurations less faithfully and, on a model whose step is mostly fixed cost, barely
-    train faster.
+    """A Ray Tune ``Searcher`` that trains an inner searcher's configurations as fused surrogate trials, then the
+    transfer stages, and ends the run (use it with ``TuneConfig(num_samples=-1)``).
 
-    ``fusion``: members per fused trial, or ``"auto"`` (measured with ``hydro.plan_fusion`` per group, at
-    most ``max_fusion``), or a :class:`~hydro.trial.fusion.FusionPlanner`; any of them at most an even share of
-    ``num_samples`` per trial slot once the slots are known (see ``trial_resources``). ``scheduler``: per-member
-    early stopping, a rule of :mod:`schedulers.member_stopping` or Ray's ``ASHAScheduler``/``MedianStoppingRule``
-    (leave its metric/mode unset). ``transfer_fraction``: fraction of members that must have finished before
-    the transfer stages start (``None``: no stages, no target). The stages, set by ``transfer`` options of
-    :class:`~schedulers.transfer.TransferPolicy`: ``seeds`` repeats of each configuration in surrogate trials
-    (their score: mean ± spread), a width ``ladder`` (the best ``1/eta`` re-trained at S/2, S/4, ...), then
-    the ``top_k`` best at full size, the best of which on validation is returned (default: the ladder, one
-    target, one seed, escalation, 2 fallback targets; ``ladder=False``: the best member's configuration alone);
-    ``escalate`` (S >= 8): when the ranking at S/2 disagrees with the search's (``disagreement``, a
-    :class:`~schedulers.transfer.Disagreement`: by default one of the ``probes`` configurations from below the first
-    rung's cut, trained with it, ranks at S/2 where the next rung keeps it, ahead of the best one left out by more
-    than ``probe_margin``, 1%) or the target does worse at full size than at its finest surrogate scale, every
-    configuration is ranked at S/2 and the ladder goes on from there (once); a rung's members are spread evenly
-    over as many fused trials as train at once on separate compute of the cluster (from the CPUs and whole GPUs a
-    trial was given, at most Tune's ``max_concurrent_trials``; :func:`~schedulers.trial_slots.trial_slots`) when
-    its training time, estimated from the finished trials, saves more than another trial's start (else one fused
-    trial; at most ``max_fusion`` members each); ``fallback_targets``: when the returned target still does worse,
-    that many more configurations (the next in ladder order) train at full size and the best full-size one is
-    returned. The options but ``seeds`` act only on a shrunk search (``scale`` > 1) with stages: set away from
-    their defaults otherwise, they raise ``ValueError``. The run logs the stages' cost up front (escalation's and
-    the fallback targets' as a maximum), the returned configuration's score at each scale and the transfer check
-    (a warning when rankings of consecutive scales disagree). Use it with ``TuneConfig(num_samples=-1)``: this
-    searcher says when the run has no more trials.
-    ``data``: the ``spec.load_data()`` the driver already loaded, to plan fusion with (default: loaded when
-    needed). ``trial_cpus``: CPUs (torch threads) each trial trains with (Tune's default: 1); ``plan_fusion``
-    measures with as many. ``trial_resources``: one trial's Ray resources as its trainable asks for them
-    (``{"CPU": 1, "GPU": 0.5}``; ``fit`` passes them): the search's fused trials then hold at most an even share of
-    ``num_samples`` per trial that trains at once, so that every slot trains (default: unknown until the first
-    trials report theirs; the ladder's rungs use those).
+    Args:
+        spec: the workload.
+        searcher: the inner Ray ``Searcher`` that suggests member configurations; each member's results reach it
+            as its own trial. ``None``: random/grid sampling of the param space (seeded by ``seed``).
+        num_samples: member configurations to draw.
+        scale: the surrogates' width divisor S (int >= 1; 1: full-size members), or ``"auto"``: the finest of
+            S=8, 4, 2 whose fused training step costs at most 2.5 times the S=8 one's, measured on this process's
+            device before the first trial (:func:`~hydro.trial.scale_plan.measured_scale`); :attr:`scale` is then
+            the chosen S and :attr:`scale_choice` the measurements.
+        fusion: members per fused trial (int), ``"auto"`` (measured per group with ``hydro.plan_fusion``), or a
+            :class:`~hydro.trial.fusion.FusionPlanner`; any of them at most an even share of ``num_samples`` per
+            trial slot once the slots are known.
+        max_fusion: the most members in one fused trial.
+        scheduler: per-member early stopping: a :class:`~schedulers.member_stopping.StoppingRule`, or Ray's
+            ``ASHAScheduler``/``AsyncHyperBandScheduler``/``MedianStoppingRule`` with metric and mode unset.
+        transfer_fraction: share of the members that must have finished before the transfer stages start, in
+            (0, 1]; ``None``: no stages and no target.
+        seed: seed of the default random search.
+        data: the ``spec.load_data()`` the driver already loaded, to plan fusion and measure scales with
+            (default: loaded when needed).
+        trial_cpus: CPUs (torch threads) each trial trains with; ``plan_fusion`` measures with as many.
+        trial_resources: one trial's Ray resources as its trainable asks for them (e.g. ``{"CPU": 1, "GPU":
+            0.5}``); default: learnt from the first trials' reports. Trial slots, the trials that train at once on
+            separate compute, are counted from them (:func:`~schedulers.trial_slots.trial_slots`, at most Tune's
+            ``max_concurrent_trials``).
+        **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``eta``, ``top_k``,
+            ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
+            ``probe_margin``, ``fallback_targets``): the width ladder, full-size targets, escalation and fallback
+            targets after the search.
+
+    The run's best result is the best full-size target's (µP when the members were shrunk). The run logs the
+    stages' cost before they start, the returned configuration's score at each scale and the transfer check.
+
+    Raises:
+        ValueError: a bad ``scale``, ``trial_cpus`` or ``trial_resources``; a transfer option out of range, or one
+            other than ``seeds`` set away from its default where it cannot act (``scale`` 1 or
+            ``transfer_fraction=None``); a ``scheduler`` whose settings cannot act per member (its own metric,
+            a ``time_attr`` other than epochs, ``MedianStoppingRule(hard_stop=False)``).
+        TypeError: ``searcher`` is not a Ray ``Searcher``; a ``scheduler`` of another kind; an unknown transfer
+            option.
     """
 
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int | str = 1,

@@ -1,4 +1,4 @@
-"""Hydro's own trials under the energy path, on a local Ray cluster with a simulated GPU per trial (issue 14.3):
+"""Hydro's own trials under the energy path, on a local Ray cluster with a simulated GPU per trial:
 the bandit picks each fused group's batch size, a costly group is stopped at β·(least cost per member-epoch), the
 power-limit profile of each (members, batch size) is measured once and reused from the store by a second run."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``ray job submit -- python -m hydro.cli tune ...`` and ``hydro tune --address`` against a real
-``ray start --head`` cluster with Ray 2.60's token authentication on (issue 12.4), running a workload file that
+``ray start --head`` cluster with Ray 2.60's token authentication on, running a workload file that
 imports a module beside it.
 
 The head runs in its own temp dir (so no other ``ray.init()`` on this machine, e.g. the ``ray_cluster``
@@ -88,7 +88,7 @@ def test_ray_job_submit_and_address_with_token_authentication(tmp_path):
         # The job submission goes through the head's dashboard agent, which starts after the dashboard; Ray's job
         # server waits only 10 s for it, less than it can take on a loaded 2-core machine ("No available agent").
         wait_for_server(f"http://127.0.0.1:{agent}", head)
-        # As the README says: the job submission client sends the token with RAY_AUTH_MODE=token.
+        # As docs/cli.md says: the job submission client sends the token with RAY_AUTH_MODE=token.
         job = subprocess.run(
             [str(RAY), "job", "submit", "--address", url, "--working-dir", str(REPO), "--",
              sys.executable, "-m", "hydro.cli", "tune", "--workload", str(project / "my_workload.py"), "--samples",

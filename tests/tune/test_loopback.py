@@ -1,4 +1,4 @@
-"""The local cluster ``hydro tune`` starts (no ``--address``) listens on loopback only (issue 11.7): every TCP
+"""The local cluster ``hydro tune`` starts (no ``--address``) listens on loopback only: every TCP
 socket its processes (driver, GCS, raylet, workers, agents) listen on is bound to 127.0.0.1, checked with
 ``ss -ltnp`` in a driver process of its own."""
 from __future__ import annotations

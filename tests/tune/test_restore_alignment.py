@@ -1,4 +1,4 @@
-"""Regression test for bcafcb6 (issue 11.6): a trial restored after its first member was stopped writes its
+"""A trial restored after its first member was stopped writes its
 per-member columns aligned in ``progress.csv`` (Ray's CSV logger writes a restored trial's rows under the old
 header, so a result whose key set had shrunk was misaligned and a member showed 0 epochs)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shrink options on the tuning path (issue 12.2): ``TuneSpec.shrink_fixed``/``shrink_min_width``/``shrink_strict``
+"""Shrink options on the tuning path: ``TuneSpec.shrink_fixed``/``shrink_min_width``/``shrink_strict``
 reach ``hydro.shrink`` for every member a trial builds, and ``hydro tune`` sets them from its flags."""
 from __future__ import annotations
 
