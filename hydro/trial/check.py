@@ -58,7 +58,7 @@ def check_workload(spec: TuneSpec, config: Mapping, scale: int, data: tuple[Data
     target = TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, dict(config))], 1, scale > 1)
     for what, plan in [(f"two fused members at scale {scale}", surrogate), ("the full-size target", target)]:
         try:
-            trial = FusedTrial(spec, plan, small)
+            trial = FusedTrial(spec, plan, small, device="cpu")  # the driver's GPU is not the trials' to take
             trial.train_step()
             trial.evaluate()
         except Exception as error:

@@ -16,17 +16,18 @@ from __future__ import annotations
 import gc
 import logging
 import time
+import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from hydro.loss import trial_losses
+from hydro.loss import loss_on, trial_losses
 from hydro.trial.data import EVAL_BATCH, Batch, DataSource, as_source, batch_order
 from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
-from hydro.trial.memory import MemoryBudget
+from hydro.trial.memory import MemoryBudget, is_out_of_memory
 from hydro.trial.plan import TrialPlan
 from hydro.trial.precision import MemberLossScaler, Precision, autocast
 from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS, TuneSpec
@@ -66,7 +67,8 @@ class FusedTrial:
     ``device``: where members, batches and targets live (default: ``TuneSpec.device`` resolved here).
     ``memory_budget_bytes``: what training may use (default ``TuneSpec.memory_budget_bytes``). ``chunks``: the
     members as fused units trained one after another on each batch: one (or units of ``fusion`` members, e.g.
-    as planned on the trial's device), until training a unit runs out of memory (``torch.OutOfMemoryError``, or over the budget); the unit is then split in two and the batch
+    as planned on the trial's device), until training a unit runs out of memory (any allocation failure, see
+    :func:`~hydro.trial.memory.is_out_of_memory`, or over the budget); the unit is then split in two and the batch
     retried for them, so every member still trains every batch exactly once. ``max_fusion``: the most members
     trained fused at once without running out of memory (``fusion`` or all the trial's members, until a split).
     ``epoch``: completed epochs; ``step``: batches done of the epoch in progress. ``fallback``: why fusion fell
@@ -91,6 +93,7 @@ class FusedTrial:
         if self.max_fusion < len(ids):
             whole, rest = divmod(len(ids), self.max_fusion)
             self.chunks = members.split([self.max_fusion] * whole + ([rest] if rest else []))
+        self.loss = loss_on(spec.loss, self.device)  # a loss module's tensors (class weights) on the device
         self.budget = MemoryBudget(spec.memory_budget_bytes if memory_budget_bytes is None else memory_budget_bytes,
                                    self.device)
         self.batch_size = spec.batch_size_of(configs[ids[0]])
@@ -153,12 +156,11 @@ class FusedTrial:
                 chunk.train(True)
             try:
                 losses = self._backward(chunk, x, y, members)
-            except torch.OutOfMemoryError as error:
-                failure = str(error).splitlines()[0]  # only the message: the traceback holds the failed graph,
-            else:                                     # which must be gone before the members are sliced
-                failure = None
-            if failure is not None:
-                self._split(index, failure)
+            except RuntimeError as error:  # torch.OutOfMemoryError, or cuDNN/cuBLAS failing to allocate
+                if not is_out_of_memory(error):
+                    raise
+                traceback.clear_frames(error.__traceback__)  # the failed step's graph goes with its frames' locals
+                self._split(index, str(error).splitlines()[0])
                 continue
             if self.scaler is None:
                 chunk.step()
@@ -184,7 +186,7 @@ class FusedTrial:
         chunk.zero_grad()
         with self.budget.watch(chunk.modules(), chunk.optimizers()):
             with autocast(self.device, self.spec.precision):
-                losses = trial_losses(self.spec.loss, chunk(x), y)  # [n]
+                losses = trial_losses(self.loss, chunk(x), y)  # [n]
             if self.scaler is None:
                 losses.sum().backward()  # member i's gradient is exactly that of its own loss
             else:
@@ -205,9 +207,18 @@ class FusedTrial:
                                          f"larger TuneSpec.memory_budget_bytes")
         logger.warning("training %d members fused ran out of memory (%s); continuing with %d and %d",
                        count, failure, count // 2, count - count // 2)
+        try:
+            parts = chunk.split([count // 2, count - count // 2])
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            raise torch.OutOfMemoryError(f"hydro.trial.unit: {count} members ran out of memory ({failure}) and "
+                                         f"splitting them does not fit either ({str(error).splitlines()[0]}); use "
+                                         f"a smaller fusion count or batch size, or a larger "
+                                         f"TuneSpec.memory_budget_bytes") from None
         for gate in self.gates:  # the gates' hooks move to the new chunks' modules
             gate.detach(self)
-        self.chunks[index:index + 1] = chunk.split([count // 2, count - count // 2])
+        self.chunks[index:index + 1] = parts
         for gate in self.gates:
             gate.attach(self)
         self.max_fusion = min(self.max_fusion, count - count // 2)
@@ -245,7 +256,7 @@ class FusedTrial:
         """``val_loss`` and ``spec.metrics`` of one chunk's members on one batch, each ``[n]`` float64."""
         with autocast(self.device, self.spec.precision):
             output = chunk(x)  # [n, N, ...]
-            values = {VAL_LOSS: trial_losses(self.spec.loss, output, target).double()}
+            values = {VAL_LOSS: trial_losses(self.loss, output, target).double()}
         for name, fn in self.spec.metrics.items():
             values[name] = torch.stack([torch.as_tensor(fn(out, target), dtype=torch.float64) for out in output])
         return values
