@@ -207,17 +207,19 @@ class FusedTrial:
                                          f"larger TuneSpec.memory_budget_bytes")
         logger.warning("training %d members fused ran out of memory (%s); continuing with %d and %d",
                        count, failure, count // 2, count - count // 2)
+        for gate in self.gates:  # the gates' hooks move to the new chunks' modules
+            gate.detach(self)
         try:
             parts = chunk.split([count // 2, count - count // 2])
         except RuntimeError as error:
+            for gate in self.gates:
+                gate.attach(self)
             if not is_out_of_memory(error):
                 raise
             raise torch.OutOfMemoryError(f"hydro.trial.unit: {count} members ran out of memory ({failure}) and "
                                          f"splitting them does not fit either ({str(error).splitlines()[0]}); use "
                                          f"a smaller fusion count or batch size, or a larger "
                                          f"TuneSpec.memory_budget_bytes") from None
-        for gate in self.gates:  # the gates' hooks move to the new chunks' modules
-            gate.detach(self)
         self.chunks[index:index + 1] = parts
         for gate in self.gates:
             gate.attach(self)
