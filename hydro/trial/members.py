@@ -122,25 +122,27 @@ class FusedMembers(Members):
         self.member_ids = [self.member_ids[i] for i in positions]
 
     def step(self, skip: Tensor | None = None) -> None:
-        skipped = [] if skip is None else skip.nonzero().flatten().tolist()
-        if not skipped:
+        if skip is None:
             self.optimizer.step()
             return
+        # Without reading ``skip`` on the host: every member steps, and the skipped ones get their weights and
+        # optimizer state back (copies of all, as the step changes them in place).
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         held = [*params, *self._member_state()]
-        index = torch.tensor(skipped)
-        saved = [t.detach()[index.to(t.device)].clone() for t in held]  # per-member step counts live on the CPU
+        saved = [t.detach().clone() for t in held]
+        masks: dict[torch.device, Tensor] = {}
+        mask = lambda t: member_view(masks.setdefault(t.device, skip.to(t.device)), t.dim() - 1)  # noqa: E731
         for p in params:
             if p.grad is not None:
-                p.grad[index.to(p.device)] = 0
+                p.grad.masked_fill_(mask(p.grad), 0)
         self.optimizer.step()
         with torch.no_grad():
             for t, kept in zip(held, saved):
-                t[index.to(t.device)] = kept
+                t.copy_(torch.where(mask(t), kept, t))
             existing = {id(t) for t in held}
             for t in self._member_state():  # created by this step (the first): as if never stepped (zero state,
                 if id(t) not in existing:   # step count 0), as torch's GradScaler skips the whole first step
-                    t[index.to(t.device)] = 0
+                    t.masked_fill_(mask(t), 0)
 
     def _member_state(self) -> list[Tensor]:
         """The optimizer's per-member state tensors (first dimension: the members)."""
