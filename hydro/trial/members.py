@@ -16,6 +16,7 @@ from torch import Tensor
 import hydro
 from hydro.binder import FuseError
 from hydro.nn.base import member_view
+from hydro.trial.backend import compiled
 from hydro.trial.optimizer import UnsupportedOptimizer, fused_optimizer
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
@@ -98,7 +99,8 @@ class FusedMembers(Members):
         self.model = hydro.fuse(_build(spec, configs, member_ids, scale, mup),
                                 leaf_modules=tuple(spec.leaf_modules)).to(device)
         self.optimizer = fused_optimizer(spec.optimizer, configs, self.model.parameters())
-        self.forward = torch.compile(self.model) if spec.compile else self.model
+        self._compile = (spec.compile, spec.cuda_graphs)
+        self.forward = compiled(self.model, *self._compile)
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.forward(x)
@@ -114,7 +116,7 @@ class FusedMembers(Members):
         twin = copy.copy(self)
         twin.model = copy.deepcopy(self.model, memo)
         twin.optimizer = _copy_optimizer(self.optimizer, memo)
-        twin.forward = torch.compile(twin.model) if self.forward is not self.model else twin.model
+        twin.forward = compiled(twin.model, *self._compile)
         return twin
 
     def keep(self, positions: Sequence[int]) -> None:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from hydro.loss import loss_on, trial_losses
+from hydro.trial.backend import batch_in, check_cuda_graphs, set_backend_flags, to_memory_format
 from hydro.trial.data import EVAL_BATCH, Batch, DataSource, as_source, batch_order
 from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
@@ -86,8 +87,11 @@ class FusedTrial:
         self.device = resolve_device(spec.device) if device is None else torch.device(device)
         self.data: tuple[DataSource, DataSource] = tuple(
             as_source(split, name, spec.data_workers).to(self.device) for split, name in zip(data, ("train", "val")))
+        check_cuda_graphs(spec.cuda_graphs, self.device)
+        set_backend_flags(self.device, spec.tf32, spec.cudnn_benchmark)
         members, self.fallback = build_members(spec, [configs[m] for m in ids], ids, plan.scale, fuse=plan.fused,
                                                mup=plan.mup, device=self.device)
+        to_memory_format(members.modules(), spec.memory_format)
         self.max_fusion = min(len(ids), fusion or len(ids))  # the most members trained fused at once (that fit)
         self.chunks: list[Members] = [members]  # trained one after another on each batch; an OOM splits one
         if self.max_fusion < len(ids):
@@ -148,6 +152,7 @@ class FusedTrial:
         if batch is None:
             return None
         x, y = batch
+        x = batch_in(x, self.spec.memory_format)
         parts, overflowed, index, offset = [], [], 0, 0
         while index < len(self.chunks):
             chunk = self.chunks[index]
@@ -245,6 +250,7 @@ class FusedTrial:
         sums: dict[str, Tensor] = {}
         count = 0
         for x, target in self.data[1].eval_batches(max(self.batch_size, EVAL_BATCH), self.device):
+            x = batch_in(x, self.spec.memory_format)
             parts = [self._chunk_metrics(chunk, x, target) for chunk in self.chunks]
             for name in parts[0]:
                 sums[name] = sums.get(name, 0) + torch.cat([p[name] for p in parts]) * len(target)
