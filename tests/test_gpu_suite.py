@@ -48,7 +48,7 @@ def test_the_dry_run_runs_each_section_or_says_why_not(dry_run):
 
 
 def test_a_section_that_no_longer_fits_is_skipped(monkeypatch):
-    monkeypatch.setattr(gpu_suite, "run_tests", lambda budget, dry_run: {"status": "ran"})
+    monkeypatch.setattr(gpu_suite, "run_tests", lambda budget: {"status": "ran"})
     args = gpu_suite.argparse.Namespace(dry_run=True, device="cpu", budget_s=0.0, sections=list(gpu_suite.SECTIONS))
     results = gpu_suite.run_suite(args)
     assert {s["what"] for s in results["skipped"]} == set(gpu_suite.SECTIONS)
