@@ -215,7 +215,13 @@ class FusedTrial:
         for gate in self.gates:  # the gates' hooks move to the new chunks' modules
             gate.detach(self)
         try:
-            parts = chunk.split([count // 2, count - count // 2])
+            if self.device.type == "cuda":  # the copies are made in host memory: the card holds the members once
+                keys = _move(chunk, torch.device("cpu"))
+                parts = chunk.split([count // 2, count - count // 2])
+                for part in parts:
+                    _move(part, self.device, keys)
+            else:
+                parts = chunk.split([count // 2, count - count // 2])
         except RuntimeError as error:
             for gate in self.gates:
                 gate.attach(self)
@@ -329,3 +335,20 @@ class FusedTrial:
         for gate in self.gates:
             gate.detach(self)
         self.gates = []
+
+
+def _move(members: Members, target: torch.device, keys: set[str] | None = None) -> set[str]:
+    """Move ``members``' modules to ``target`` in place, with the optimizer state entries named in ``keys``
+    (``None``: those on the modules' device); returns the names moved. State kept elsewhere on purpose (e.g.
+    per-member step counts on the CPU) stays where it is."""
+    device = next((p.device for m in members.modules() for p in m.parameters()), None)
+    moved = set()
+    for module in members.modules():
+        module.to(target)
+    for optimizer in members.optimizers():
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, Tensor) and (value.device == device if keys is None else key in keys):
+                    state[key] = value.to(target)
+                    moved.add(key)
+    return moved
