@@ -132,8 +132,13 @@ class FusedMembers(Members):
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         held = [*params, *self._member_state()]
         saved = [t.detach().clone() for t in held]
-        masks: dict[torch.device, Tensor] = {}
-        mask = lambda t: member_view(masks.setdefault(t.device, skip.to(t.device)), t.dim() - 1)  # noqa: E731
+        masks: dict[torch.device, Tensor] = {skip.device: skip}  # one copy per device (step counts: the CPU)
+
+        def mask(t: Tensor) -> Tensor:
+            if t.device not in masks:
+                masks[t.device] = skip.to(t.device)
+            return member_view(masks[t.device], t.dim() - 1)
+
         for p in params:
             if p.grad is not None:
                 p.grad.masked_fill_(mask(p.grad), 0)
