@@ -174,3 +174,18 @@ def test_a_gpu_share_leaves_the_cuda_context_out_of_the_budget():
         gpu_share_bytes(0.05, 8 * 2**30)
     with pytest.raises(ValueError, match=r"must be in \(0, 1\]"):
         gpu_share_bytes(1.5, 8 * 2**30)
+
+
+def test_moving_a_unit_takes_its_optimizer_state_along_and_names_what_it_moved():
+    """What a GPU split stages in host memory and moves back: the modules, and the optimizer state that lived with
+    them (by name, so that state kept elsewhere on purpose stays there on the way back)."""
+    from hydro.trial.unit import _move
+
+    trial = FusedTrial(spec(), PLAN, small_digits())
+    trial.train_step()
+    (chunk,) = trial.chunks
+    moved = _move(chunk, torch.device("meta"))
+    assert moved == {"momentum_buffer"}
+    state = [t for s in chunk.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    assert state and {t.device.type for t in [*chunk.model.parameters(), *state]} == {"meta"}
+    assert _move(chunk, torch.device("meta"), keys=set()) == set()  # only the named entries move
