@@ -31,6 +31,7 @@ from hydro.examples.models import CNN, MLP, ResNet18, TransformerClassifier
 from hydro.loss import trial_losses
 from hydro.optim import SGD
 from hydro.planning import measure_training_step, optimized_tensors, training_tensors
+from hydro.trial.backend import MemoryFormat, to_memory_format
 from hydro.trial.precision import Precision, autocast
 
 WORKLOADS = {
@@ -89,10 +90,13 @@ def vmap_ensemble(models, x, y, device, compile_model=False):
                                  min_time_s=MIN_TIME)
 
 
-def fused(models, x, y, device, compile_model=False):
+def fused(models, x, y, device, compile_model=False, memory_format=MemoryFormat.CONTIGUOUS):
+    """``compile_model``: False, True, or a ``torch.compile`` mode (e.g. ``"reduce-overhead"``: CUDA graphs)."""
     model = hydro.fuse(models)
+    to_memory_format([model], memory_format)
     optimizer = SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    forward = torch.compile(model) if compile_model else model
+    mode = compile_model if isinstance(compile_model, str) else None
+    forward = torch.compile(model, mode=mode) if compile_model else model
 
     def step():
         optimizer.zero_grad(set_to_none=False)

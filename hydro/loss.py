@@ -5,6 +5,7 @@ exactly the gradient of member ``i``'s own loss (a mean would divide every membe
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -65,3 +66,16 @@ def _cross_entropy(loss_fn: nn.CrossEntropyLoss, output: Tensor, target: Tensor)
     weights = valid.to(output.dtype) if loss_fn.weight is None else \
         torch.where(valid, loss_fn.weight[target.clamp_min(0)], 0).to(output.dtype)
     return per_sample.view(members, -1).sum(dim=1) / weights.sum()
+
+
+def loss_on(loss_fn: Callable[..., Tensor], device: torch.device | str) -> Callable[..., Tensor]:
+    """``loss_fn`` with the tensors it holds on ``device``: a loss module holding tensors elsewhere (e.g.
+    ``CrossEntropyLoss(weight=...)``, ``BCEWithLogitsLoss(pos_weight=...)``) as a moved copy (the user's module
+    is left as it is), anything else as it is."""
+    if not isinstance(loss_fn, nn.Module):
+        return loss_fn
+    device = torch.device(device)
+    held = [*loss_fn.parameters(), *loss_fn.buffers()]
+    if all(t.device == device for t in held):
+        return loss_fn
+    return copy.deepcopy(loss_fn).to(device)

@@ -21,15 +21,15 @@ def trial_slots(nodes: Iterable[Mapping[str, float]], request: Mapping[str, floa
     """Trials asking for ``request`` (one trial's Ray resources, e.g. ``{"CPU": 1, "GPU": 0}``) that train on
     separate compute at once over ``nodes`` (each alive node's total Ray resources), at most ``max_concurrent``.
 
-    Per node, the trials all of its resources fit. Trials given a fraction of a GPU count 1 in all: Ray packs
-    fractions onto one card, so spreading members over such trials adds no compute (fusion shares a card
-    better). At least 1, so the caller can always split into that many."""
+    Per node, the trials all of its resources fit. Trials given a fraction of a GPU count one per card: Ray
+    packs fractions onto a card, so trials sharing a card add no compute (fusion shares a card better), but each
+    card of each node is a slot of its own (as far as the node's other resources fit a trial per card). At least
+    1, so the caller can always split into that many."""
     need = {name: amount for name, amount in request.items() if amount > 0}
     if 0 < need.get("GPU", 0) < 1:
-        slots = 1
-    else:
-        slots = sum(min((math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items()),
-                        default=0) for node in nodes)
+        need["GPU"] = 1.0  # one slot per card
+    slots = sum(min((math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items()), default=0)
+                for node in nodes)
     return max(1, min(slots, max_concurrent) if max_concurrent else slots)
 
 

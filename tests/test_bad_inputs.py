@@ -420,6 +420,14 @@ CASES = [
          ValueError, "num_gpus_per_stage=0.5 lets Ray put two stages on one GPU, and NCCL cannot connect two ranks"),
     case("schedule-no-stages", lambda: one_f_one_b(0, 4), ValueError,  # fixed
          "a 1F1B schedule needs at least one stage and one microbatch, got num_stages=0, num_microbatches=4"),
+    # --- GPU options and resources (TuneSpec backend fields, trial resources) ----------------------------------
+    case("spec-memory-format-unknown", lambda: spec(memory_format="nhwc"), ValueError,
+         "TuneSpec.memory_format must be one of ['contiguous', 'channels_last'], got 'nhwc'"),
+    case("spec-tf32-not-a-bool", lambda: spec(tf32="yes"), ValueError, "TuneSpec.tf32 must be None or a bool, got 'yes'"),
+    case("spec-cuda-graphs-on-cpu", lambda: spec(cuda_graphs=True, device="cpu"), ValueError,
+         "TuneSpec.cuda_graphs=True needs a CUDA device, but this trial trains on cpu"),
+    case("fit-several-gpus-per-trial", lambda: check_arguments(spec(), SPACE, gpus_per_trial=2), ValueError,
+         "gpus_per_trial=2, but a fused trial trains on one GPU and would leave the others idle"),
 ]
 
 

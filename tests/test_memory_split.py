@@ -108,3 +108,84 @@ def test_a_cuda_budget_is_this_process_setting_and_a_later_trial_without_one_get
     assert fractions == {0: 0.9}
     memory.MemoryBudget(None, torch.device("cuda"))  # and nothing more
     assert fractions == {0: 0.9}
+
+
+class LibraryAllocationFailure(Gate):
+    """A forward hook that fails like cuBLAS/cuDNN failing to allocate (a plain RuntimeError, not
+    torch.OutOfMemoryError) while more than ``fits`` members train fused."""
+
+    def __init__(self, fits: int, message: str):
+        self.fits, self.message, self.handles = fits, message, []
+
+    def attach(self, trial):
+        for chunk in trial.chunks:
+            count = len(chunk.member_ids)
+            for module in chunk.modules():
+                self.handles.append(module.register_forward_hook(lambda *_, n=count: self._check(n)))
+
+    def _check(self, count):
+        if count > self.fits:
+            raise RuntimeError(self.message)
+
+    def detach(self, trial):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+@pytest.mark.parametrize("message", ["CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+                                     "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+                                     "CUDA error: out of memory"])
+def test_a_library_allocation_failure_splits_like_torchs_out_of_memory(message):
+    _, expected = train(epochs=1)
+    trial = FusedTrial(spec(), PLAN, small_digits(), gates=[LibraryAllocationFailure(2, message)])
+    got = trial.run_epoch()
+    assert chunk_sizes(trial) == [2, 2] and trial.max_fusion == 2
+    for name in expected[0]:
+        torch.testing.assert_close(got[name], expected[0][name], rtol=1e-5, atol=1e-6)
+
+
+def test_other_runtime_errors_are_not_taken_for_out_of_memory():
+    trial = FusedTrial(spec(), PLAN, small_digits(), gates=[LibraryAllocationFailure(2, "CUDA error: misaligned address")])
+    with pytest.raises(RuntimeError, match="misaligned address"):
+        trial.train_step()
+    assert chunk_sizes(trial) == [4]
+
+
+def test_a_split_that_does_not_fit_either_fails_naming_the_fix(monkeypatch):
+    from hydro.trial.members import FusedMembers
+
+    def no_memory(self, sizes):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    monkeypatch.setattr(FusedMembers, "split", no_memory)
+    trial = FusedTrial(spec(memory_budget_bytes=FITS_TWO), PLAN, small_digits())
+    with pytest.raises(torch.OutOfMemoryError, match="4 members ran out of memory.*splitting them does not fit"):
+        trial.train_step()
+    assert chunk_sizes(trial) == [4] and trial.step == 0  # nothing half-done: the batch was not counted
+
+
+def test_a_gpu_share_leaves_the_cuda_context_out_of_the_budget():
+    from hydro.trial.memory import CUDA_CONTEXT_BYTES, gpu_share_bytes
+
+    assert gpu_share_bytes(0.25, 80 * 2**30) == 20 * 2**30 - CUDA_CONTEXT_BYTES
+    assert 4 * (gpu_share_bytes(0.25, 80 * 2**30) + CUDA_CONTEXT_BYTES) <= 80 * 2**30  # four trials fit the card
+    with pytest.raises(ValueError, match="no memory beyond the process's CUDA context"):
+        gpu_share_bytes(0.05, 8 * 2**30)
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\]"):
+        gpu_share_bytes(1.5, 8 * 2**30)
+
+
+def test_moving_a_unit_takes_its_optimizer_state_along_and_names_what_it_moved():
+    """What a GPU split stages in host memory and moves back: the modules, and the optimizer state that lived with
+    them (by name, so that state kept elsewhere on purpose stays there on the way back)."""
+    from hydro.trial.unit import _move
+
+    trial = FusedTrial(spec(), PLAN, small_digits())
+    trial.train_step()
+    (chunk,) = trial.chunks
+    moved = _move(chunk, torch.device("meta"))
+    assert moved == {"momentum_buffer"}
+    state = [t for s in chunk.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    assert state and {t.device.type for t in [*chunk.model.parameters(), *state]} == {"meta"}
+    assert _move(chunk, torch.device("meta"), keys=set()) == set()  # only the named entries move

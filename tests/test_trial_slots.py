@@ -16,7 +16,9 @@ GPU_NODES = [{"CPU": 16.0, "GPU": 2.0}, {"CPU": 16.0, "GPU": 4.0}]
     (GPU_NODES, {"CPU": 1, "GPU": 1}, None, 6),         # one per card, per node
     (GPU_NODES, {"CPU": 1, "GPU": 2}, None, 3),         # 1 + 2 pairs of cards
     (GPU_NODES, {"CPU": 8, "GPU": 1}, None, 4),         # CPUs bound it: 2 per node
-    (GPU_NODES, {"CPU": 1, "GPU": 0.5}, None, 1),       # fractions share a card: spreading adds nothing
+    (GPU_NODES, {"CPU": 1, "GPU": 0.5}, None, 6),       # fractions pack per card: one slot per card, per node
+    ([{"CPU": 64.0, "GPU": 8.0}], {"CPU": 1, "GPU": 0.25}, None, 8),  # an 8-GPU node runs 8 cards' worth
+    ([{"CPU": 4.0, "GPU": 8.0}], {"CPU": 1, "GPU": 0.5}, None, 4),    # ... as far as its CPUs fit a trial per card
     (GPU_NODES, {"CPU": 1, "GPU": 1}, 4, 4),
     (TWO_CPUS, {"CPU": 1, "GPU": 1}, None, 1),          # GPU trials on a CPU-only cluster: none fits
 ])

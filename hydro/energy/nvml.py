@@ -2,7 +2,8 @@
 
 Energy: the hardware counter (``nvmlDeviceGetTotalEnergyConsumption``, mJ) on Volta and newer;
 before Volta, a background thread integrates ``nvmlDeviceGetPowerUsage`` samples (mW) with the
-trapezoid rule. Devices follow ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs / UUID prefixes).
+trapezoid rule. Devices follow ``CUDA_VISIBLE_DEVICES`` in CUDA's order (indices, GPU UUIDs / UUID prefixes, MIG
+instance UUIDs), matched by UUID.
 """
 from __future__ import annotations
 
@@ -187,40 +188,104 @@ class NVMLDevice(EnergyDevice):
         self._clock_call("nvmlDeviceResetGpuLockedClocks", self._nvml.nvmlDeviceResetGpuLockedClocks)
 
 
-def _visible_handles(pynvml: ModuleType, env: Mapping[str, str]) -> list[Any]:
+def _bare(uuid: str | bytes) -> str:
+    """A UUID without its ``GPU-``/``MIG-`` prefix, lower case (NVML, CUDA and torch spell them differently)."""
+    uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    for prefix in ("GPU-", "MIG-"):
+        uuid = uuid.removeprefix(prefix)
+    return uuid.lower()
+
+
+def _mig_parents(pynvml: ModuleType, handles: list[Any]) -> dict[str, Any]:
+    """Bare MIG instance UUID -> the handle of the card holding it (energy is counted per card)."""
+    parents = {}
+    for handle in handles:
+        try:
+            if not pynvml.nvmlDeviceGetMigMode(handle)[0]:
+                continue
+            for i in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                try:
+                    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+                except pynvml.NVMLError:
+                    continue  # an empty slot
+                parents[_bare(pynvml.nvmlDeviceGetUUID(mig))] = handle
+        except (pynvml.NVMLError, AttributeError):
+            continue  # no MIG on this card (or this NVML)
+    return parents
+
+
+def _cuda_order(pynvml: ModuleType, handles: list[Any], env: Mapping[str, str]) -> list[Any]:
+    """The cards in CUDA's enumeration order: NVML's (PCI bus) order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or
+    when all cards are the same model (CUDA's default, fastest first, then breaks ties by PCI bus)."""
+    if env.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") == "PCI_BUS_ID" or len(handles) < 2:
+        return handles
+    with nvml_errors(pynvml, "nvmlDeviceGetName"):
+        names = {str(pynvml.nvmlDeviceGetName(h)) for h in handles}
+    if len(names) == 1:
+        return handles
+    raise DeviceNotFound(f"CUDA numbers this node's GPUs of different models ({sorted(names)}) fastest first, which "
+                         f"NVML cannot tell; set CUDA_DEVICE_ORDER=PCI_BUS_ID or name the GPUs by UUID in "
+                         f"CUDA_VISIBLE_DEVICES")
+
+
+def _visible_handles(pynvml: ModuleType, env: Mapping[str, str], cuda_uuids: list[str] | None = None) -> list[Any]:
+    """The NVML handles of the CUDA devices of this process, in CUDA order: ``cuda_uuids`` (the CUDA devices'
+    UUIDs, e.g. from torch) matched by UUID, else ``CUDA_VISIBLE_DEVICES`` of ``env`` (CUDA indices, GPU UUIDs or
+    unique prefixes, ``MIG-`` instance UUIDs: a MIG instance is measured as its card)."""
     with nvml_errors(pynvml, "nvmlDeviceGetCount"):
         count = pynvml.nvmlDeviceGetCount()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    with nvml_errors(pynvml, "nvmlDeviceGetUUID"):
+        uuids = [_bare(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
     spec = env.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
-        return handles
-    entries = [e.strip() for e in spec.split(",") if e.strip()]
+    if cuda_uuids is None and spec is None:
+        return _cuda_order(pynvml, handles, env)
+    entries = [e.strip() for e in (spec or "").split(",") if e.strip()] if cuda_uuids is None else list(cuda_uuids)
     if entries in ([], ["-1"]):
         return []
-    with nvml_errors(pynvml, "nvmlDeviceGetUUID"):
-        uuids = [pynvml.nvmlDeviceGetUUID(h) for h in handles]
-    uuids = [u.decode() if isinstance(u, bytes) else u for u in uuids]
+    migs = _mig_parents(pynvml, handles) if any(e.startswith("MIG-") for e in entries) or cuda_uuids else {}
+    ordered = None
     chosen = []
     for entry in entries:
         if entry.isdigit():
+            ordered = ordered or _cuda_order(pynvml, handles, env)
             if int(entry) >= count:
                 raise DeviceNotFound(f"CUDA_VISIBLE_DEVICES entry {entry!r}: only {count} GPUs (0..{count - 1}).")
-            chosen.append(handles[int(entry)])
+            chosen.append(ordered[int(entry)])
             continue
-        matches = [h for h, u in zip(handles, uuids) if u.startswith(entry) or u.startswith(f"GPU-{entry}")]
+        bare = _bare(entry)
+        if bare in migs:
+            chosen.append(migs[bare])
+            continue
+        matches = [h for h, u in zip(handles, uuids) if u.startswith(bare)]
         if len(matches) != 1:
             raise DeviceNotFound(
                 f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {len(matches)} GPUs; use an index or a unique UUID "
-                f"prefix (GPUs: {uuids})."
+                f"prefix (GPUs: {uuids}; MIG instances: {sorted(migs)})."
             )
         chosen.append(matches[0])
     return chosen
 
 
+def _torch_cuda_uuids() -> list[str] | None:
+    """The UUIDs of this process's CUDA devices in CUDA order, when torch has initialised CUDA (asking torch
+    earlier would initialise CUDA here, e.g. before a fork)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+
+
 def nvml_devices(env: Mapping[str, str] | None = None, *, sample_interval_s: float = 0.1) -> list[NVMLDevice]:
-    """The GPUs visible to this process (``CUDA_VISIBLE_DEVICES`` in ``env``, default ``os.environ``),
-    named ``gpu0, gpu1, ...`` in CUDA order."""
+    """The GPUs visible to this process (``CUDA_VISIBLE_DEVICES`` in ``env``, default ``os.environ``; with the
+    default, once torch has initialised CUDA, torch's devices matched by UUID), named ``gpu0, gpu1, ...`` in CUDA
+    order. Two MIG instances of one card are that card twice (NVML counts energy per card).
+
+    Raises:
+        DeviceNotFound: an entry of ``CUDA_VISIBLE_DEVICES`` names no GPU, or CUDA's order of different GPU models
+            cannot be told (set ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
+    """
     pynvml = load_pynvml()
-    handles = _visible_handles(pynvml, os.environ if env is None else env)
+    handles = _visible_handles(pynvml, os.environ if env is None else env, _torch_cuda_uuids() if env is None else None)
     return [NVMLDevice(pynvml, h, f"gpu{i}", sample_interval_s=sample_interval_s, cuda_index=i)
             for i, h in enumerate(handles)]

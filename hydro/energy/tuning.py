@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from hydro.checks import check, is_count
 from hydro.energy.detect import detect_devices
 from hydro.energy.device import EnergyError
+from hydro.energy.nvml import NVMLDevice
 from hydro.energy.observer import EnergyObserver
+from hydro.energy.share import CardShare
 from hydro.energy.simulated import VirtualClock
 from hydro.energy.simulated_gpu import simulated_trial_gpu
 from hydro.energy.trial import TrialEnergy
@@ -64,8 +66,9 @@ class EnergySettings:
         return f"{self.job}/F{members}"
 
 
-def trial_observer(settings: EnergySettings, trial: FusedTrial) -> EnergyObserver:
-    """The energy observer of ``trial`` (not started), on the devices ``settings.devices`` names."""
+def trial_observer(settings: EnergySettings, trial: FusedTrial, gpu_share: float = 1.0) -> EnergyObserver:
+    """The energy observer of ``trial`` (not started), on the devices ``settings.devices`` names; a trial given
+    ``gpu_share`` < 1 of a GPU (Ray's fractional GPUs) is charged that share of its cards' energy."""
     members, batch_size = len(trial.member_ids), trial.batch_size
     if settings.devices is DeviceSource.SIMULATED:
         clock = VirtualClock()
@@ -73,6 +76,8 @@ def trial_observer(settings: EnergySettings, trial: FusedTrial) -> EnergyObserve
         devices, stepped, now = [gpu], [gpu], clock.now
     else:
         devices, stepped, now = detect_devices(), [], time.monotonic
+        if gpu_share < 1:
+            devices = [CardShare(d, gpu_share) if isinstance(d, NVMLDevice) else d for d in devices]
         if not devices:
             raise EnergyError("hydro.energy: --energy found no device to measure on this host (no NVIDIA GPU "
                               "through NVML, no readable RAPL); use --energy-devices simulated on a CPU-only "

@@ -47,17 +47,29 @@ class _BatchNorm(FusedModule):
     def forward(self, x: Tensor) -> Tensor:
         # Mirrors torch.nn.modules.batchnorm._BatchNorm.forward, with channels of all members side by side.
         factor = 0.0 if self.momentum is None else self.momentum
+        cumulative = self.training and self.track_running_stats and self.momentum is None
         if self.training and self.track_running_stats:
             self.num_batches_tracked.add_(1)
-            if self.momentum is None:
-                factor = 1.0 / float(self.num_batches_tracked[0])
         use_batch_stats = self.training or self.running_mean is None
-        track = not self.training or self.track_running_stats
+        track = (not self.training or self.track_running_stats) and not cumulative
         flat = lambda t: None if t is None else t.view(-1)  # noqa: E731
-        y = F.batch_norm(merge_channels(x), flat(self.running_mean) if track else None,
+        merged = merge_channels(x)
+        y = F.batch_norm(merged, flat(self.running_mean) if track else None,
                          flat(self.running_var) if track else None, flat(self.weight), flat(self.bias),
                          use_batch_stats, factor, self.eps)
+        if cumulative:
+            self._cumulative_update(merged)
         return split_channels(y, self.num_members)
+
+    @torch.no_grad()
+    def _cumulative_update(self, merged: Tensor) -> None:
+        """``momentum=None``: running statistics as the cumulative average over the batches tracked, with each
+        member's count read on the device (torch reads it to the host every step)."""
+        dims = [d for d in range(merged.dim()) if d != 1]
+        var, mean = torch.var_mean(merged.float(), dim=dims, correction=1)  # [F*C], torch's unbiased running var
+        factor = self.num_batches_tracked.to(torch.float64).reciprocal().unsqueeze(1)  # [F, 1]
+        for running, batch in ((self.running_mean, mean), (self.running_var, var)):
+            running.copy_(((1 - factor) * running + factor * batch.view_as(running)).to(running.dtype))
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, " + super().extra_repr()

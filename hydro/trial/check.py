@@ -3,6 +3,7 @@ member's configuration before its fused trial starts (``check_member``), so that
 with one message, and a bad member cannot take its siblings down with it."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch
@@ -51,14 +52,16 @@ def check_member(spec: TuneSpec, config: Mapping) -> str | None:
 def check_workload(spec: TuneSpec, config: Mapping, scale: int, data: tuple[DataSource, DataSource]) -> None:
     """Build two fused members of ``config`` as a run at ``scale`` trains them (shrunk when ``scale > 1``, the
     optimizer translated) and the full-size target, and train each one batch and evaluate it on one batch of
-    ``data``, on the CPU. Raises :class:`WorkloadError` naming the step that failed."""
+    ``data``, on the CPU (a CUDA-only option, ``cuda_graphs``, is left to the trials). Raises
+    :class:`WorkloadError` naming the step that failed."""
     size = spec.batch_size_of(config)
+    cpu_spec = dataclasses.replace(spec, cuda_graphs=False)  # CUDA graphs: left to the trials, on their GPUs
     small = (data[0].sample(size), data[1].sample(size))
     surrogate = TrialPlan(TrialKind.SURROGATE, [("check0", dict(config)), ("check1", dict(config))], scale, scale > 1)
     target = TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, dict(config))], 1, scale > 1)
     for what, plan in [(f"two fused members at scale {scale}", surrogate), ("the full-size target", target)]:
         try:
-            trial = FusedTrial(spec, plan, small)
+            trial = FusedTrial(cpu_spec, plan, small, device="cpu")  # the driver's GPU is not the trials' to take
             trial.train_step()
             trial.evaluate()
         except Exception as error:

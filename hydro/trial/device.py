@@ -18,6 +18,10 @@ def resolve_device(requested: str, assigned_gpus: Sequence | None = None) -> tor
 
     ``"auto"``: ``cuda:0`` when GPUs were assigned (or, outside a scheduler, when CUDA is available), else
     the CPU; a GPU assigned to a process whose torch cannot use CUDA trains on the CPU with a warning.
+
+    Raises:
+        ValueError: more than one GPU was assigned (a fused trial trains on one).
+        RuntimeError: a CUDA device was requested but torch cannot use CUDA.
     """
     if requested != AUTO:
         device = torch.device(requested)
@@ -27,6 +31,10 @@ def resolve_device(requested: str, assigned_gpus: Sequence | None = None) -> tor
                                f"this process{given}; request GPUs for the trials (gpus_per_trial) or use "
                                f"device='auto'")
         return device
+    if assigned_gpus is not None and len(assigned_gpus) > 1:
+        raise ValueError(f"hydro.trial.device: this trial was given GPUs {list(assigned_gpus)}, but a fused trial "
+                         f"trains on one GPU and would leave the others idle; give each trial one GPU "
+                         f"(gpus_per_trial=1) or a fraction of one")
     wants_gpu = torch.cuda.is_available() if assigned_gpus is None else len(assigned_gpus) > 0
     if wants_gpu and torch.cuda.is_available():
         return torch.device("cuda", 0)

@@ -16,6 +16,7 @@ from torch import Tensor
 import hydro
 from hydro.binder import FuseError
 from hydro.nn.base import member_view
+from hydro.trial.backend import compiled
 from hydro.trial.optimizer import UnsupportedOptimizer, fused_optimizer
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
@@ -98,7 +99,8 @@ class FusedMembers(Members):
         self.model = hydro.fuse(_build(spec, configs, member_ids, scale, mup),
                                 leaf_modules=tuple(spec.leaf_modules)).to(device)
         self.optimizer = fused_optimizer(spec.optimizer, configs, self.model.parameters())
-        self.forward = torch.compile(self.model) if spec.compile else self.model
+        self._compile = (spec.compile, spec.cuda_graphs)
+        self.forward = compiled(self.model, *self._compile)
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.forward(x)
@@ -114,7 +116,7 @@ class FusedMembers(Members):
         twin = copy.copy(self)
         twin.model = copy.deepcopy(self.model, memo)
         twin.optimizer = _copy_optimizer(self.optimizer, memo)
-        twin.forward = torch.compile(twin.model) if self.forward is not self.model else twin.model
+        twin.forward = compiled(twin.model, *self._compile)
         return twin
 
     def keep(self, positions: Sequence[int]) -> None:
@@ -122,25 +124,32 @@ class FusedMembers(Members):
         self.member_ids = [self.member_ids[i] for i in positions]
 
     def step(self, skip: Tensor | None = None) -> None:
-        skipped = [] if skip is None else skip.nonzero().flatten().tolist()
-        if not skipped:
+        if skip is None:
             self.optimizer.step()
             return
+        # Without reading ``skip`` on the host: every member steps, and the skipped ones get their weights and
+        # optimizer state back (copies of all, as the step changes them in place).
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         held = [*params, *self._member_state()]
-        index = torch.tensor(skipped)
-        saved = [t.detach()[index.to(t.device)].clone() for t in held]  # per-member step counts live on the CPU
+        saved = [t.detach().clone() for t in held]
+        masks: dict[torch.device, Tensor] = {skip.device: skip}  # one copy per device (step counts: the CPU)
+
+        def mask(t: Tensor) -> Tensor:
+            if t.device not in masks:
+                masks[t.device] = skip.to(t.device)
+            return member_view(masks[t.device], t.dim() - 1)
+
         for p in params:
             if p.grad is not None:
-                p.grad[index.to(p.device)] = 0
+                p.grad.masked_fill_(mask(p.grad), 0)
         self.optimizer.step()
         with torch.no_grad():
             for t, kept in zip(held, saved):
-                t[index.to(t.device)] = kept
+                t.copy_(torch.where(mask(t), kept, t))
             existing = {id(t) for t in held}
             for t in self._member_state():  # created by this step (the first): as if never stepped (zero state,
                 if id(t) not in existing:   # step count 0), as torch's GradScaler skips the whole first step
-                    t[index.to(t.device)] = 0
+                    t.masked_fill_(mask(t), 0)
 
     def _member_state(self) -> list[Tensor]:
         """The optimizer's per-member state tensors (first dimension: the members)."""

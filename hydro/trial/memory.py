@@ -1,5 +1,6 @@
 """The memory a trial may use (``TuneSpec.memory_budget_bytes``, or its share of a GPU): training members beyond
-it raises ``torch.OutOfMemoryError``, which the fused-trial unit answers by splitting those members.
+it raises ``torch.OutOfMemoryError`` (or a library's allocation failure, :func:`is_out_of_memory`), which the
+fused-trial unit answers by splitting those members.
 
 CUDA: the caching allocator's per-process limit (``torch.cuda.set_per_process_memory_fraction``, this process's
 own setting, not the GPU's). CPU: the members' resident tensors (weights, gradients, optimizer state, buffers)
@@ -15,7 +16,38 @@ import torch
 from torch import Tensor, nn
 
 
+CUDA_CONTEXT_BYTES = 768 * 2**20
+"""Memory one process's CUDA context takes on its GPU outside torch's caching allocator (driver state, kernel
+images loaded lazily, cuDNN/cuBLAS handles): about 500-700 MiB with CUDA 12 on recent cards."""
+
+# Messages of allocation failures that arrive as a plain RuntimeError (cuDNN, cuBLAS, cuFFT, cuSOLVER, NCCL)
+_ALLOCATION_FAILURES = ("out of memory", "ALLOC_FAILED")
+
 _FRACTION_BEFORE: dict[int, float] = {}  # CUDA device index -> this process's fraction before a budget set it
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a failure to allocate memory: ``torch.OutOfMemoryError`` (the caching allocator, or
+    over a :class:`MemoryBudget`), or a ``RuntimeError`` of a CUDA library that could not allocate (e.g.
+    ``CUBLAS_STATUS_ALLOC_FAILED``, ``CUDNN_STATUS_ALLOC_FAILED``, ``CUDA error: out of memory``)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(mark in str(error) for mark in _ALLOCATION_FAILURES)
+
+
+def gpu_share_bytes(share: float, total_bytes: int, context_bytes: int = CUDA_CONTEXT_BYTES) -> int:
+    """The memory budget of a process given ``share`` (0 < share <= 1) of a GPU of ``total_bytes``: its share of
+    the card less its own CUDA context, since every process sharing the card holds one outside the allocator
+    (``share`` of the card holds ``1 / share`` such processes' contexts at most). Raises ``ValueError`` when the
+    share holds no more than a context."""
+    if not 0 < share <= 1:
+        raise ValueError(f"hydro.trial.memory: a GPU share must be in (0, 1], got {share}")
+    budget = int(share * total_bytes) - context_bytes
+    if budget <= 0:
+        raise ValueError(f"hydro.trial.memory: {share:g} of a GPU of {total_bytes / 2**30:.1f} GiB leaves no memory "
+                         f"beyond the process's CUDA context (about {context_bytes / 2**20:.0f} MiB); give each "
+                         f"trial a larger share (gpus_per_trial)")
+    return budget
 
 
 class MemoryBudget:

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from hydro.binder import leaf_module_types
 from hydro.checks import check, is_count
 from hydro.trial.data import DataSource, as_source
+from hydro.trial.backend import MemoryFormat, check_cuda_graphs
 from hydro.trial.precision import Precision
 
 MetricFn = Callable[[Tensor, Tensor], Tensor]
@@ -88,6 +89,10 @@ class TuneSpec:
     - ``precision``: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast, a dynamic loss scale per
       member: one member's overflow skips only its own step); see :mod:`hydro.trial.precision`.
     - ``compile``: ``torch.compile`` the fused model of each trial (compiles once per trial process and shape).
+    - ``memory_format``, ``tf32``, ``cudnn_benchmark``, ``cuda_graphs``: how the trial's kernels run
+      (``"channels_last"`` batches and convolution weights; TF32 matmuls and convolutions on CUDA, ``None``:
+      torch's defaults; cuDNN autotune on CUDA, ``None``: torch's default, off; the fused forward and backward
+      replayed as CUDA graphs, CUDA only); see :mod:`hydro.trial.backend`.
     - ``memory_budget_bytes``: memory one trial may use (default: the device's, or on CUDA the trial's share
       of the GPU); members that need more are split into smaller fused chunks (:mod:`hydro.trial.memory`).
     """
@@ -115,6 +120,10 @@ class TuneSpec:
     precision: Precision = Precision.FP32
     compile: bool = False
     memory_budget_bytes: int | None = None
+    memory_format: MemoryFormat = MemoryFormat.CONTIGUOUS
+    tf32: bool | None = None
+    cudnn_benchmark: bool | None = None
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         _check_metrics(self.metrics)
@@ -142,10 +151,24 @@ class TuneSpec:
         except ValueError as error:
             raise ValueError(f"TuneSpec.precision must be one of {[p.value for p in Precision]}, "
                              f"got {self.precision!r}") from error
+        self._check_backend()
         if self.metric not in self.metric_names():
             raise ValueError(f"TuneSpec.metric {self.metric!r} is not reported; the reported metrics are "
                              f"{self.metric_names()} (add it to TuneSpec.metrics)")
         _check_functions(self)
+
+    def _check_backend(self) -> None:
+        """``memory_format``, ``tf32``, ``cudnn_benchmark``, ``cuda_graphs`` (see :mod:`hydro.trial.backend`)."""
+        try:
+            self.memory_format = MemoryFormat(self.memory_format)
+        except ValueError as error:
+            raise ValueError(f"TuneSpec.memory_format must be one of {[f.value for f in MemoryFormat]}, "
+                             f"got {self.memory_format!r}") from error
+        check("TuneSpec.", ("tf32", self.tf32, lambda v: v is None or isinstance(v, bool), "None or a bool"),
+              ("cudnn_benchmark", self.cudnn_benchmark, lambda v: v is None or isinstance(v, bool), "None or a bool"),
+              ("cuda_graphs", self.cuda_graphs, lambda v: isinstance(v, bool), "a bool"))
+        if self.cuda_graphs and self.device != "auto":
+            check_cuda_graphs(True, torch.device(self.device))
 
     def shrink_options(self) -> dict:
         """Keywords for ``hydro.shrink``."""

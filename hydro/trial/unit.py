@@ -16,17 +16,19 @@ from __future__ import annotations
 import gc
 import logging
 import time
+import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from hydro.loss import trial_losses
+from hydro.loss import loss_on, trial_losses
+from hydro.trial.backend import batch_in, check_cuda_graphs, set_backend_flags, to_memory_format
 from hydro.trial.data import EVAL_BATCH, Batch, DataSource, as_source, batch_order
 from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
-from hydro.trial.memory import MemoryBudget
+from hydro.trial.memory import MemoryBudget, is_out_of_memory
 from hydro.trial.plan import TrialPlan
 from hydro.trial.precision import MemberLossScaler, Precision, autocast
 from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS, TuneSpec
@@ -66,7 +68,8 @@ class FusedTrial:
     ``device``: where members, batches and targets live (default: ``TuneSpec.device`` resolved here).
     ``memory_budget_bytes``: what training may use (default ``TuneSpec.memory_budget_bytes``). ``chunks``: the
     members as fused units trained one after another on each batch: one (or units of ``fusion`` members, e.g.
-    as planned on the trial's device), until training a unit runs out of memory (``torch.OutOfMemoryError``, or over the budget); the unit is then split in two and the batch
+    as planned on the trial's device), until training a unit runs out of memory (any allocation failure, see
+    :func:`~hydro.trial.memory.is_out_of_memory`, or over the budget); the unit is then split in two and the batch
     retried for them, so every member still trains every batch exactly once. ``max_fusion``: the most members
     trained fused at once without running out of memory (``fusion`` or all the trial's members, until a split).
     ``epoch``: completed epochs; ``step``: batches done of the epoch in progress. ``fallback``: why fusion fell
@@ -84,13 +87,17 @@ class FusedTrial:
         self.device = resolve_device(spec.device) if device is None else torch.device(device)
         self.data: tuple[DataSource, DataSource] = tuple(
             as_source(split, name, spec.data_workers).to(self.device) for split, name in zip(data, ("train", "val")))
+        check_cuda_graphs(spec.cuda_graphs, self.device)
+        set_backend_flags(self.device, spec.tf32, spec.cudnn_benchmark)
         members, self.fallback = build_members(spec, [configs[m] for m in ids], ids, plan.scale, fuse=plan.fused,
                                                mup=plan.mup, device=self.device)
+        to_memory_format(members.modules(), spec.memory_format)
         self.max_fusion = min(len(ids), fusion or len(ids))  # the most members trained fused at once (that fit)
         self.chunks: list[Members] = [members]  # trained one after another on each batch; an OOM splits one
         if self.max_fusion < len(ids):
             whole, rest = divmod(len(ids), self.max_fusion)
             self.chunks = members.split([self.max_fusion] * whole + ([rest] if rest else []))
+        self.loss = loss_on(spec.loss, self.device)  # a loss module's tensors (class weights) on the device
         self.budget = MemoryBudget(spec.memory_budget_bytes if memory_budget_bytes is None else memory_budget_bytes,
                                    self.device)
         self.batch_size = spec.batch_size_of(configs[ids[0]])
@@ -145,6 +152,7 @@ class FusedTrial:
         if batch is None:
             return None
         x, y = batch
+        x = batch_in(x, self.spec.memory_format)
         parts, overflowed, index, offset = [], [], 0, 0
         while index < len(self.chunks):
             chunk = self.chunks[index]
@@ -153,12 +161,11 @@ class FusedTrial:
                 chunk.train(True)
             try:
                 losses = self._backward(chunk, x, y, members)
-            except torch.OutOfMemoryError as error:
-                failure = str(error).splitlines()[0]  # only the message: the traceback holds the failed graph,
-            else:                                     # which must be gone before the members are sliced
-                failure = None
-            if failure is not None:
-                self._split(index, failure)
+            except RuntimeError as error:  # torch.OutOfMemoryError, or cuDNN/cuBLAS failing to allocate
+                if not is_out_of_memory(error):
+                    raise
+                traceback.clear_frames(error.__traceback__)  # the failed step's graph goes with its frames' locals
+                self._split(index, str(error).splitlines()[0])
                 continue
             if self.scaler is None:
                 chunk.step()
@@ -184,7 +191,7 @@ class FusedTrial:
         chunk.zero_grad()
         with self.budget.watch(chunk.modules(), chunk.optimizers()):
             with autocast(self.device, self.spec.precision):
-                losses = trial_losses(self.spec.loss, chunk(x), y)  # [n]
+                losses = trial_losses(self.loss, chunk(x), y)  # [n]
             if self.scaler is None:
                 losses.sum().backward()  # member i's gradient is exactly that of its own loss
             else:
@@ -207,7 +214,24 @@ class FusedTrial:
                        count, failure, count // 2, count - count // 2)
         for gate in self.gates:  # the gates' hooks move to the new chunks' modules
             gate.detach(self)
-        self.chunks[index:index + 1] = chunk.split([count // 2, count - count // 2])
+        try:
+            if self.device.type == "cuda":  # the copies are made in host memory: the card holds the members once
+                keys = _move(chunk, torch.device("cpu"))
+                parts = chunk.split([count // 2, count - count // 2])
+                for part in parts:
+                    _move(part, self.device, keys)
+            else:
+                parts = chunk.split([count // 2, count - count // 2])
+        except RuntimeError as error:
+            for gate in self.gates:
+                gate.attach(self)
+            if not is_out_of_memory(error):
+                raise
+            raise torch.OutOfMemoryError(f"hydro.trial.unit: {count} members ran out of memory ({failure}) and "
+                                         f"splitting them does not fit either ({str(error).splitlines()[0]}); use "
+                                         f"a smaller fusion count or batch size, or a larger "
+                                         f"TuneSpec.memory_budget_bytes") from None
+        self.chunks[index:index + 1] = parts
         for gate in self.gates:
             gate.attach(self)
         self.max_fusion = min(self.max_fusion, count - count // 2)
@@ -232,6 +256,7 @@ class FusedTrial:
         sums: dict[str, Tensor] = {}
         count = 0
         for x, target in self.data[1].eval_batches(max(self.batch_size, EVAL_BATCH), self.device):
+            x = batch_in(x, self.spec.memory_format)
             parts = [self._chunk_metrics(chunk, x, target) for chunk in self.chunks]
             for name in parts[0]:
                 sums[name] = sums.get(name, 0) + torch.cat([p[name] for p in parts]) * len(target)
@@ -245,7 +270,7 @@ class FusedTrial:
         """``val_loss`` and ``spec.metrics`` of one chunk's members on one batch, each ``[n]`` float64."""
         with autocast(self.device, self.spec.precision):
             output = chunk(x)  # [n, N, ...]
-            values = {VAL_LOSS: trial_losses(self.spec.loss, output, target).double()}
+            values = {VAL_LOSS: trial_losses(self.loss, output, target).double()}
         for name, fn in self.spec.metrics.items():
             values[name] = torch.stack([torch.as_tensor(fn(out, target), dtype=torch.float64) for out in output])
         return values
@@ -310,3 +335,20 @@ class FusedTrial:
         for gate in self.gates:
             gate.detach(self)
         self.gates = []
+
+
+def _move(members: Members, target: torch.device, keys: set[str] | None = None) -> set[str]:
+    """Move ``members``' modules to ``target`` in place, with the optimizer state entries named in ``keys``
+    (``None``: those on the modules' device); returns the names moved. State kept elsewhere on purpose (e.g.
+    per-member step counts on the CPU) stays where it is."""
+    device = next((p.device for m in members.modules() for p in m.parameters()), None)
+    moved = set()
+    for module in members.modules():
+        module.to(target)
+    for optimizer in members.optimizers():
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, Tensor) and (value.device == device if keys is None else key in keys):
+                    state[key] = value.to(target)
+                    moved.add(key)
+    return moved

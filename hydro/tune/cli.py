@@ -67,7 +67,8 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                                           "(set inside 'ray job submit'), else an embedded local cluster "
                                           "listening on 127.0.0.1 only")
     parser.add_argument("--gpus-per-trial", type=float, default=0.0,
-                        help="GPUs per trial (fractions below 1 share a card); trials train on the GPU Ray gives them")
+                        help="GPUs per trial: 1, or a fraction to share a card (a fused trial trains on one GPU); "
+                             "trials train on the GPU Ray gives them, one trial slot per card")
     parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)

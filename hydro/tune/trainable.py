@@ -28,6 +28,7 @@ from hydro.energy.tuning import EnergySettings, trial_observer
 from hydro.trial.data import DataSource
 from hydro.trial.device import resolve_device
 from hydro.trial.fusion import fusion_in_trial
+from hydro.trial.memory import gpu_share_bytes
 from hydro.trial.plan import plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
@@ -79,6 +80,10 @@ def trial_resources(spec: TuneSpec, cpus_per_trial: float = 1, gpus_per_trial: f
     if gpus_per_trial < 0 or (gpus_per_trial > 1 and gpus_per_trial != int(gpus_per_trial)):
         raise ValueError(f"hydro.tune: gpus_per_trial must be a fraction in [0, 1] or a whole number of GPUs "
                          f"(Ray's rule), got {gpus_per_trial}")
+    if gpus_per_trial > 1:
+        raise ValueError(f"hydro.tune: gpus_per_trial={gpus_per_trial:g}, but a fused trial trains on one GPU and "
+                         f"would leave the others idle; use gpus_per_trial=1 (the searcher runs a trial per card) "
+                         f"or a fraction to share cards")
     if gpus_per_trial == 0 and torch.device(spec.device if spec.device != "auto" else "cpu").type == "cuda":
         raise ValueError(f"hydro.tune: TuneSpec.device={spec.device!r} but gpus_per_trial=0: Ray gives such a "
                          f"trial no GPU; set gpus_per_trial (e.g. 1 or 0.5) or TuneSpec.device='auto'")
@@ -135,7 +140,8 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
                            trial.fallback)
         if state:
             trial.load_state_dict(state)
-        meter = None if energy is None else trial_observer(energy, trial).start()
+        share = ray.get_runtime_context().get_assigned_resources().get("GPU", 0)
+        meter = None if energy is None else trial_observer(energy, trial, share if 0 < share < 1 else 1.0).start()
         try:
             if meter is not None:
                 trial.observers.append(meter)
@@ -173,12 +179,12 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
 
 
 def _gpu_share_bytes(spec: TuneSpec, device: torch.device) -> int | None:
-    """The memory budget of a trial given a fraction of a GPU: that fraction of the card (unless
-    ``TuneSpec.memory_budget_bytes`` sets one)."""
+    """The memory budget of a trial given a fraction of a GPU: that fraction of the card less its CUDA context
+    (unless ``TuneSpec.memory_budget_bytes`` sets one)."""
     share = ray.get_runtime_context().get_assigned_resources().get("GPU", 0)
     if spec.memory_budget_bytes is not None or device.type != "cuda" or not 0 < share < 1:
         return spec.memory_budget_bytes
-    return int(share * torch.cuda.get_device_properties(device).total_memory)
+    return gpu_share_bytes(share, torch.cuda.get_device_properties(device).total_memory)
 
 
 def _restored_state() -> dict | None:

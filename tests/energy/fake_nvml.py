@@ -6,9 +6,16 @@ import types
 import pynvml as real
 
 
+class FakeMIG:
+    def __init__(self, uuid: str):
+        self.uuid = uuid
+
+
 class FakeGPU:
-    def __init__(self, uuid: str, arch: int, *, min_mw=100_000, max_mw=250_000, power_mw=200_000, deny_set=False):
-        self.uuid, self.arch = uuid, arch
+    def __init__(self, uuid: str, arch: int, *, min_mw=100_000, max_mw=250_000, power_mw=200_000, deny_set=False,
+                 name: str = "NVIDIA H100 80GB HBM3", migs: tuple[str, ...] = ()):
+        self.uuid, self.arch, self.name = uuid, arch, name
+        self.migs = [FakeMIG(uuid) for uuid in migs]  # MIG instances (MIG mode on when there are any)
         self.deny_set = deny_set  # this GPU alone refuses power-limit changes (NO_PERMISSION)
         self.min_mw, self.max_mw = min_mw, max_mw
         self.limit_mw = max_mw
@@ -55,7 +62,16 @@ def make_fake_pynvml(gpus: list[FakeGPU], *, can_set: bool = True, init_error: i
     m.nvmlInit = nvmlInit
     m.nvmlDeviceGetCount = lambda: len(gpus)
     m.nvmlDeviceGetHandleByIndex = by_index
+    def mig_by_index(gpu, i):
+        if i >= len(gpu.migs):
+            raise NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return gpu.migs[i]
+
     m.nvmlDeviceGetUUID = lambda g: g.uuid
+    m.nvmlDeviceGetName = lambda g: g.name
+    m.nvmlDeviceGetMigMode = lambda g: (int(bool(g.migs)), int(bool(g.migs)))
+    m.nvmlDeviceGetMaxMigDeviceCount = lambda g: 7
+    m.nvmlDeviceGetMigDeviceHandleByIndex = mig_by_index
     m.nvmlDeviceGetArchitecture = lambda g: g.arch
     m.nvmlDeviceGetTotalEnergyConsumption = energy
     m.nvmlDeviceGetPowerUsage = lambda g: g.power_mw

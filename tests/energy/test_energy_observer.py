@@ -95,3 +95,28 @@ def test_settings_refuse_bad_values_naming_the_fix(tmp_path):
         _settings(tmp_path, beta=1.0)
     with pytest.raises(ValueError, match=r"devices must be one of \['detect', 'simulated'\], got 'cpu-only'"):
         EnergySettings("x.db", "job", "cpu-only")
+
+
+def test_trials_sharing_a_card_are_charged_their_share_of_its_energy(tmp_path, monkeypatch):
+    """NVML counts the card's energy: two trials given 0.25 and 0.75 of it (Ray's fractional GPUs) are charged
+    those shares of what it used while they trained, adding up to the card's."""
+    import sys
+
+    import pynvml as real
+
+    import hydro.energy.tuning as tuning
+    from hydro.energy.nvml import nvml_devices
+    from tests.energy.fake_nvml import FakeGPU, make_fake_pynvml
+
+    card = FakeGPU("GPU-aaaa", real.NVML_DEVICE_ARCH_VOLTA)
+    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml([card]))
+    monkeypatch.setattr(tuning, "detect_devices", lambda: nvml_devices(env={}))
+    settings = EnergySettings(str(tmp_path / "energy.db"), "digits", DeviceSource.DETECT)
+    meters = [trial_observer(settings, _trial(MEMBERS[:1]), share).start() for share in (0.25, 0.75)]
+    try:
+        card.energy_mj += 8_000  # 8 J on the card while both trained
+        used = [meter.energy.metrics()["energy_j"] for meter in meters]
+    finally:
+        for meter in meters:
+            meter.close()
+    assert used == pytest.approx([2.0, 6.0])

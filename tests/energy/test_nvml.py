@@ -72,6 +72,34 @@ def test_cuda_visible_devices_by_index_and_uuid(monkeypatch):
         nvml_devices(env={"CUDA_VISIBLE_DEVICES": "GPU-zzzz"})
 
 
+def test_cuda_order_mig_instances_and_torch_uuids_map_to_cards(monkeypatch):
+    """CUDA numbers different GPU models fastest first, which NVML's PCI order does not show: indices are refused
+    there unless CUDA_DEVICE_ORDER=PCI_BUS_ID (UUIDs always work); a MIG instance is measured as its card; the
+    UUIDs torch reports (no prefix) select the cards in torch's order."""
+    import hydro.energy.nvml as nvml
+
+    gpus = [FakeGPU("GPU-aaaa-uuid", VOLTA, name="NVIDIA A10"), FakeGPU("GPU-bbbb-uuid", VOLTA, name="NVIDIA H100",
+                                                                       migs=("MIG-m1", "MIG-m2"))]
+    _install(monkeypatch, gpus)
+    with pytest.raises(DeviceNotFound, match="CUDA_DEVICE_ORDER=PCI_BUS_ID"):
+        nvml_devices(env={"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(DeviceNotFound, match="CUDA_DEVICE_ORDER=PCI_BUS_ID"):
+        nvml_devices(env={})
+    pci = nvml_devices(env={"CUDA_VISIBLE_DEVICES": "1,0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert [d._handle.uuid for d in pci] == ["GPU-bbbb-uuid", "GPU-aaaa-uuid"]
+    by_uuid = nvml_devices(env={"CUDA_VISIBLE_DEVICES": "GPU-bbbb,aaaa"})
+    assert [d._handle.uuid for d in by_uuid] == ["GPU-bbbb-uuid", "GPU-aaaa-uuid"]
+    (mig,) = nvml_devices(env={"CUDA_VISIBLE_DEVICES": "MIG-m2"})
+    assert mig._handle is gpus[1] and mig.name == "gpu0"
+    monkeypatch.setattr(nvml, "_torch_cuda_uuids", lambda: ["BBBB-uuid", "aaaa-uuid"])  # torch's spelling
+    assert [d._handle.uuid for d in nvml_devices()] == ["GPU-bbbb-uuid", "GPU-aaaa-uuid"]
+    monkeypatch.setattr(nvml, "_torch_cuda_uuids", lambda: ["MIG-m1"])
+    assert [d._handle for d in nvml_devices()] == [gpus[1]]
+    same = [FakeGPU(f"GPU-{c * 4}-uuid", VOLTA) for c in "xy"]  # one model: CUDA's order is the PCI order
+    _install(monkeypatch, same)
+    assert [d._handle.uuid for d in nvml_devices(env={"CUDA_VISIBLE_DEVICES": "1"})] == ["GPU-yyyy-uuid"]
+
+
 def test_missing_permission_is_typed(monkeypatch):
     _install(monkeypatch, [FakeGPU("GPU-aaaa", VOLTA)], can_set=False)
     (dev,) = nvml_devices(env={})
