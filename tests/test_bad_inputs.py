@@ -420,6 +420,15 @@ CASES = [
          ValueError, "num_gpus_per_stage=0.5 lets Ray put two stages on one GPU, and NCCL cannot connect two ranks"),
     case("schedule-no-stages", lambda: one_f_one_b(0, 4), ValueError,  # fixed
          "a 1F1B schedule needs at least one stage and one microbatch, got num_stages=0, num_microbatches=4"),
+    # --- recurrent layers and shrink errors (cause and fix first) -------------------------------------------------
+    case("shrink-no-width", lambda: hydro.shrink(nn.Sequential(nn.Linear(8, 2)), 4), hydro.ShrinkError,  # fixed
+         "hydro.shrink: Sequential has no width to shrink. Fix: tune it at full size (scale=1; hydro tune --scale 1)"),
+    case("shrink-scale-divides-no-width", lambda: hydro.shrink(MLP((8, 48, 2)), 5), hydro.ShrinkError,  # fixed
+         "hydro.shrink: at scale 5, MLP has no width left to shrink (48 is not divisible by scale 5). Fix: a scale "
+         "that divides its widths (2, 3, 4, 6), or full size (scale=1; hydro tune --scale 1)"),
+    case("fused-gru-packed-sequence", lambda: hydro.nn.GRU(4, 8, num_members=2)(
+        nn.utils.rnn.pack_sequence([torch.zeros(3, 4)])), TypeError,
+         "hydro.nn.GRU: PackedSequence inputs cannot be fused. Fix: pass the padded batch"),
 ]
 
 
@@ -520,6 +529,10 @@ CLI_CASES = [  # argparse's own errors first, then Hydro's (one line, exit code 
          "calling raises() failed: {dir}/workload.py:14: RuntimeError: no data here"),
     case("workload-empty-param-space", ["tune", "--workload", "{dir}/workload.py:empty_space"], "hydro",  # fixed
          "hydro tune: hydro: param_space must be a dict of the hyperparameters to tune"),
+    # --- recurrent layers and shrink errors (cause and fix first) -------------------------------------------------
+    case("scale-divides-no-width", tune("--scale", "3"), "hydro",  # fixed
+         "hydro tune: hydro.shrink: at scale 3, MLP has no width left to shrink (512 is not divisible by scale 3). "
+         "Fix: a scale that divides its widths (2, 4, 8, 16), or full size (scale=1; hydro tune --scale 1)"),
 ]
 
 

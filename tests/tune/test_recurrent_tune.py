@@ -3,7 +3,10 @@ hidden size shrunk), then the full-size target; at S=1 the full-size members fus
 import pandas as pd
 import pytest
 
+import hydro
 from hydro.cli import main
+from hydro.tune.examples import EXAMPLES
+from hydro.tune.run import prepare
 from tests.tune.recurrent_workload import write_workload
 
 # tiny and quick: four members in fused trials (two per trial on the two CPUs), one epoch; after shrunk surrogates,
@@ -24,3 +27,12 @@ def test_recurrent_workload_tunes_through_hydro_tune(kind, scale, ray_cluster, t
     members = table[table["member"].str.fullmatch(r"m\d{5}")]
     assert len(members) == 4 and (members.groupby("trial").size() == 2).all()  # trained two by two, fused
     assert members["val_acc"].notna().all() and (table["kind"] == "target").sum() == 1
+
+
+def test_the_bundled_gru_example_passes_the_checks_before_tuning_at_s4_and_s8():
+    """``hydro tune --example digits-gru``: the driver's pre-check trains two fused surrogates and the full-size
+    target one batch at each scale (no Ray)."""
+    spec, space = EXAMPLES["digits-gru"]()
+    for scale in (4, 8):
+        prepare(spec, space, scale=scale)
+        assert hydro.shrink(spec.model({}), scale).rnn.hidden_size == 64 // scale
