@@ -116,3 +116,24 @@ def test_fused_shrunk_recurrent_models_train(kind):
         optimizer.step()
         losses.append(loss.detach())
     assert (losses[-1] < 0.25 * losses[0]).all(), (losses[0], losses[-1])
+
+
+def test_an_initial_state_sized_from_the_layer_follows_the_shrunk_hidden_size():
+    """``torch.zeros(layers, N, self.rnn.hidden_size)`` reads the surrogate's own (shrunk) layer, in the surrogate
+    and in its fused graph."""
+    class WithState(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.GRU(5, 32, 2, batch_first=True)
+            self.out = nn.Linear(32, 3)
+
+        def forward(self, x):
+            h0 = torch.zeros(self.rnn.num_layers, x.size(0), self.rnn.hidden_size)
+            return self.out(self.rnn(x, h0)[0][:, -1])
+
+    members = [_shrink_quietly(WithState(), 4) for _ in range(2)]
+    x = torch.randn(3, 6, 5)
+    fused = hydro.fuse(members)
+    assert not fused.fallbacks and fused.rnn.hidden_size == 8
+    for i, member in enumerate(members):
+        torch.testing.assert_close(fused(x)[i], member(x), atol=1e-5, rtol=1e-5)
