@@ -301,9 +301,9 @@ CASES = [
     case("prepare-memory-budget-negative", lambda: prepare(spec(memory_budget_bytes=-5), SPACE), WorkloadError,
          "ValueError: hydro.trial.memory: a memory budget must be > 0 bytes, got -5"),
     case("prepare-shrink-min-width-zero", lambda: prepare(spec(shrink_min_width=0), SPACE, scale=2), WorkloadError,
-         "ShrinkError: hydro.shrink: min_width must be an integer >= 1, got 0"),
+         "hydro.shrink: min_width must be an integer >= 1, got 0"),
     case("prepare-shrink-fixed-missing", lambda: prepare(spec(shrink_fixed=["nope"]), SPACE, scale=2), WorkloadError,
-         "ShrinkError: hydro.shrink: fixed=['nope'] names no submodule of MLP"),
+         "hydro.shrink: fixed=['nope'] names no submodule of MLP"),
     case("fit-num-samples-zero", lambda: fit(spec(), SPACE, num_samples=0), ValueError,  # fixed
          "num_samples (member configurations) must be an int >= 1, got 0"),
     case("fit-unknown-transfer-option", lambda: fit(spec(), SPACE, num_samples=4, etta=3), TypeError,  # fixed
