@@ -33,6 +33,7 @@ class _Recurrent(FusedModule):
     supports_shared_input = True
     data_args = 2  # the input and the initial state both carry member data
     _torch_type: type[nn.RNNBase]
+    _state_count = 1  # tensors in the state: LSTM (h, c) 2
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *,
@@ -133,8 +134,6 @@ class _Recurrent(FusedModule):
         if self.num_directions == 2:
             outputs = torch.stack([outputs[:, :, 0], outputs[:, :, 1].flip(0)], 2)
         return outputs.permute(1, 0, 3, 2, 4).reshape(self.num_members, length, batch, -1)
-
-    _state_count = 1
 
     def _unpack_state(self, hx) -> list[Tensor]:
         return [hx]

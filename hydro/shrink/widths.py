@@ -315,8 +315,8 @@ class _Analysis:
                                   f"{dims[-1]}; only one dimension of a tensor used in forward can be a width")
         if not any(plan.scaled(g) for fields in plan.layers.values() for g in fields.values()):
             raise ShrinkError(f"hydro.shrink: {type(self.model).__name__} has no width to shrink. Fix: tune it at "
-                              f"full size (scale=1; hydro tune --scale 1). Every layer size is tied by the data flow to "
-                              f"the model's input or output sizes, or no layer has a shrink rule")
+                              f"full size (scale=1; hydro tune --scale 1). Every layer size is tied by the data flow "
+                              f"to the model's input or output sizes, or no layer has a shrink rule")
 
 
 def _tree_tags(tree: dict, tag: int) -> dict:
