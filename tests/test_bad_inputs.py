@@ -301,9 +301,9 @@ CASES = [
     case("prepare-memory-budget-negative", lambda: prepare(spec(memory_budget_bytes=-5), SPACE), WorkloadError,
          "ValueError: hydro.trial.memory: a memory budget must be > 0 bytes, got -5"),
     case("prepare-shrink-min-width-zero", lambda: prepare(spec(shrink_min_width=0), SPACE, scale=2), WorkloadError,
-         "ShrinkError: hydro.shrink: min_width must be an integer >= 1, got 0"),
+         "hydro.shrink: min_width must be an integer >= 1, got 0"),
     case("prepare-shrink-fixed-missing", lambda: prepare(spec(shrink_fixed=["nope"]), SPACE, scale=2), WorkloadError,
-         "ShrinkError: hydro.shrink: fixed=['nope'] names no submodule of MLP"),
+         "hydro.shrink: fixed=['nope'] names no submodule of MLP"),
     case("fit-num-samples-zero", lambda: fit(spec(), SPACE, num_samples=0), ValueError,  # fixed
          "num_samples (member configurations) must be an int >= 1, got 0"),
     case("fit-unknown-transfer-option", lambda: fit(spec(), SPACE, num_samples=4, etta=3), TypeError,  # fixed
@@ -428,6 +428,15 @@ CASES = [
          "TuneSpec.cuda_graphs=True needs a CUDA device, but this trial trains on cpu"),
     case("fit-several-gpus-per-trial", lambda: check_arguments(spec(), SPACE, gpus_per_trial=2), ValueError,
          "gpus_per_trial=2, but a fused trial trains on one GPU and would leave the others idle"),
+    # --- recurrent layers and shrink errors (cause and fix first) -------------------------------------------------
+    case("shrink-no-width", lambda: hydro.shrink(nn.Sequential(nn.Linear(8, 2)), 4), hydro.ShrinkError,  # fixed
+         "hydro.shrink: Sequential has no width to shrink. Fix: tune it at full size (scale=1; hydro tune --scale 1)"),
+    case("shrink-scale-divides-no-width", lambda: hydro.shrink(MLP((8, 48, 2)), 5), hydro.ShrinkError,  # fixed
+         "hydro.shrink: at scale 5, MLP has no width left to shrink (48 is not divisible by scale 5). Fix: a scale "
+         "that divides its widths (2, 3, 4, 6), or full size (scale=1; hydro tune --scale 1)"),
+    case("fused-gru-packed-sequence", lambda: hydro.nn.GRU(4, 8, num_members=2)(
+        nn.utils.rnn.pack_sequence([torch.zeros(3, 4)])), TypeError,
+         "hydro.nn.GRU: PackedSequence inputs cannot be fused. Fix: pass the padded batch"),
 ]
 
 
@@ -528,6 +537,10 @@ CLI_CASES = [  # argparse's own errors first, then Hydro's (one line, exit code 
          "calling raises() failed: {dir}/workload.py:14: RuntimeError: no data here"),
     case("workload-empty-param-space", ["tune", "--workload", "{dir}/workload.py:empty_space"], "hydro",  # fixed
          "hydro tune: hydro: param_space must be a dict of the hyperparameters to tune"),
+    # --- recurrent layers and shrink errors (cause and fix first) -------------------------------------------------
+    case("scale-divides-no-width", tune("--scale", "3"), "hydro",  # fixed
+         "hydro tune: hydro.shrink: at scale 3, MLP has no width left to shrink (512 is not divisible by scale 3). "
+         "Fix: a scale that divides its widths (2, 4, 8, 16), or full size (scale=1; hydro tune --scale 1)"),
 ]
 
 

@@ -9,6 +9,7 @@ from .conv import Conv1d, Conv2d
 from .embedding import Embedding
 from .linear import Linear
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from .recurrent import GRU, LSTM, RNN
 from .registry import fuse_layer, register_twin
 from .stateless import ChannelDropout, Channelwise, Dropout, Flatten, Softmax
 from .transformer import TransformerEncoder, TransformerEncoderLayer
@@ -16,6 +17,6 @@ from .vmap import VmapModule
 
 __all__ = [
     "BatchNorm1d", "BatchNorm2d", "ChannelDropout", "Channelwise", "Conv1d", "Conv2d", "Dropout", "Embedding",
-    "Flatten", "FusedModule", "GroupNorm", "LayerNorm", "Linear", "MultiheadAttention", "Softmax",
-    "TransformerEncoder", "TransformerEncoderLayer", "Unfusable", "VmapModule", "fuse_layer", "register_twin",
+    "Flatten", "FusedModule", "GRU", "GroupNorm", "LSTM", "LayerNorm", "Linear", "MultiheadAttention", "RNN",
+    "Softmax", "TransformerEncoder", "TransformerEncoderLayer", "Unfusable", "VmapModule", "fuse_layer", "register_twin",
 ]

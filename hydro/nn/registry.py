@@ -13,6 +13,7 @@ from .conv import Conv1d, Conv2d
 from .embedding import Embedding
 from .linear import Linear
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from .recurrent import GRU, LSTM, RNN
 from .transformer import TransformerEncoder, TransformerEncoderLayer
 from .vmap import VmapModule
 
@@ -29,6 +30,9 @@ _TWINS: dict[type[nn.Module], type[FusedModule]] = {
     nn.MultiheadAttention: MultiheadAttention,
     nn.TransformerEncoderLayer: TransformerEncoderLayer,
     nn.TransformerEncoder: TransformerEncoder,
+    nn.RNN: RNN,
+    nn.GRU: GRU,
+    nn.LSTM: LSTM,
     nn.Dropout: stateless.Dropout,
     nn.AlphaDropout: stateless.Dropout,
     nn.Dropout1d: stateless.ChannelDropout,

@@ -84,7 +84,7 @@ def as_mu_parameters(model: nn.Module) -> None:
             mu.__dict__.update(param.__dict__)
             if mu_shape(mu) is None:
                 setattr(mu, MUP_ATTR, MuShape((None,) * param.dim(), tuple(param.shape)))
-            module._parameters[name] = mu
+            setattr(module, name, mu)  # (not _parameters[name] =: a recurrent layer refreshes its weight list)
 
 
 def mu_shape(param: Tensor) -> MuShape | None:
@@ -111,7 +111,8 @@ def mup_param_groups(params: Iterable[Tensor], rule: str, lr: float, weight_deca
 @torch.no_grad()
 def rescale_init(module: nn.Module) -> None:
     """µP initialisation from torch's default one (what ``mup.set_base_shapes`` does): the readout's weight and
-    bias ×sqrt(width_mult) (unless zero-initialised), every other Linear/Conv bias ×sqrt(fan-in mult).
+    bias ×sqrt(width_mult) (unless zero-initialised), every other Linear/Conv bias ×sqrt(fan-in mult), a recurrent
+    layer's vector-like parameters (biases, input weights from a fixed-size input) ×sqrt(hidden mult).
     Parameters must already carry their :class:`MuShape`."""
     for sub in module.modules():
         if isinstance(sub, Readout):
@@ -122,3 +123,7 @@ def rescale_init(module: nn.Module) -> None:
                         p.mul_(factor)
         elif isinstance(sub, (nn.Linear, nn.modules.conv._ConvNd)) and sub.bias is not None:
             sub.bias.mul_(mu_shape(sub.weight).mult(1) ** 0.5)
+        elif isinstance(sub, nn.RNNBase):  # torch's init U(±1/sqrt(hidden)) for all: vector-like ones to the base's
+            for p in sub.parameters(recurse=False):
+                if mu_shape(p).ninf == 1:
+                    p.mul_(mu_shape(p).width_mult() ** 0.5)

@@ -31,13 +31,15 @@ class BuildContext:
 @dataclass(frozen=True)
 class Rule:
     """``fields(layer)``: width fields and sizes; ``inputs``: (forward argument name, field or ``None``) per
-    data input; ``output``: the field the output carries; ``build(layer, sizes, ctx)``: the new layer."""
+    data input (an argument may be a tuple of tensors, each carrying the field); ``output``: the field the output
+    carries; ``build(layer, sizes, ctx)``: the new layer; ``output_tree``: for a forward that returns a tuple,
+    which elements carry ``output`` (``True``; a nested tuple as a nested dict), e.g. ``{0: True}``."""
 
     fields: Callable[[nn.Module], dict[str, int]]
     inputs: tuple[tuple[str, str | None], ...]
     output: str
     build: Callable[[nn.Module, dict[str, int], BuildContext], nn.Module]
-    tuple_output: bool = False  # forward returns (output, extra): only element 0 carries ``output``
+    output_tree: dict | None = None
 
 
 def _linear(t: nn.Linear, sizes: dict[str, int], ctx: BuildContext) -> nn.Module:
@@ -137,6 +139,35 @@ def _encoder(t: nn.TransformerEncoder, sizes: dict[str, int], ctx: BuildContext)
     return encoder
 
 
+def _recurrent_fields(t: nn.RNNBase) -> dict[str, int]:
+    if getattr(t, "proj_size", 0):
+        raise ValueError("an LSTM with proj_size > 0 cannot be shrunk")
+    return {"input": t.input_size, "hidden": t.hidden_size}
+
+
+def _recurrent(t: nn.RNNBase, sizes: dict[str, int], ctx: BuildContext) -> nn.Module:
+    """µP of a recurrent layer: ``hidden_size`` is the width, ``input_size`` the producer's. The hidden-to-hidden
+    weights are hidden (matrix-like) weights, like a Linear between two widths, and so are the input weights when
+    the producer is a width; from a fixed-size input they are input (vector-like) weights, like an input Linear's.
+    Initialisation: torch's ``U(±1/sqrt(hidden))`` at the shrunk size, which is µP's 1/fan-in variance for
+    matrices; vector-like parameters (biases, input weights from a fixed input) are rescaled to the full model's
+    distribution (:func:`~hydro.shrink.mup.rescale_init`). A width mapped to a fixed hidden size (a readout)
+    is refused: µP has a readout for Linear only."""
+    if "input" in ctx.scaled and "hidden" not in ctx.scaled:
+        raise ValueError("it maps a width to a fixed hidden size (its state is the model's output), which µP does "
+                         "with a readout (output multiplier 1/width_mult) that exists for Linear only. Fix: produce "
+                         "the output with an nn.Linear on the recurrent layer's output")
+    options = {"nonlinearity": t.nonlinearity} if isinstance(t, nn.RNN) else {}
+    return type(t)(input_size=sizes["input"], hidden_size=sizes["hidden"], num_layers=t.num_layers, bias=t.bias,
+                   batch_first=t.batch_first, dropout=t.dropout, bidirectional=t.bidirectional, **options,
+                   **ctx.factory)
+
+
+def _recurrent_rule(output_tree: dict) -> Rule:
+    return Rule(_recurrent_fields, (("input", "input"), ("hx", "hidden")), "hidden", _recurrent,
+                output_tree=output_tree)
+
+
 _LINEAR = Rule(lambda t: {"in": t.in_features, "out": t.out_features}, (("input", "in"),), "out", _linear)
 _CONV = Rule(lambda t: {"in": t.in_channels, "out": t.out_channels}, (("input", "in"),), "out", _conv)
 _BATCH_NORM = Rule(lambda t: {"features": t.num_features}, (("input", "features"),), "features", _batch_norm)
@@ -152,9 +183,13 @@ RULES: dict[type[nn.Module], Rule] = {
     nn.Embedding: Rule(lambda t: {"dim": t.embedding_dim}, (("input", None),), "dim", _embedding),
     nn.MultiheadAttention: Rule(lambda t: {"embed": t.embed_dim},
                                 (("query", "embed"), ("key", "embed"), ("value", "embed")), "embed", _attention,
-                                tuple_output=True),
+                                output_tree={0: True}),
     nn.TransformerEncoderLayer: Rule(_encoder_layer_fields, (("src", "d_model"),), "d_model", _encoder_layer),
     nn.TransformerEncoder: Rule(_encoder_fields, (("src", "d_model"),), "d_model", _encoder),
+    # (output, final state); an LSTM's final state is (h, c)
+    nn.RNN: _recurrent_rule({0: True, 1: True}),
+    nn.GRU: _recurrent_rule({0: True, 1: True}),
+    nn.LSTM: _recurrent_rule({0: True, 1: {0: True, 1: True}}),
 }
 
 

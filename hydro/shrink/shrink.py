@@ -15,7 +15,7 @@ from .errors import ShrinkError, ShrinkWarning
 from .mup import MUP_ATTR, MuShape, as_mu_parameters, rescale_init
 from .report import KeptWidth, ShrinkReport
 from .rules import BuildContext, rule_for
-from .widths import WidthPlan, analyse, trace
+from .widths import WidthPlan, analyse, field_size, trace
 
 REPORT_ATTR = "hydro_shrink_report"
 
@@ -59,14 +59,15 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Colle
     graph = trace(traced)
     fixed_fields: set[tuple[str, str]] = set()
     kept: list[KeptWidth] = []
+    widths: set[int] = set()  # the sizes of the widths found first
     while True:  # every round keeps more widths at full size, so this ends
         try:
             plan = analyse(traced, graph, fixed, fixed_fields, keep_unruled=not strict)
         except ShrinkError as error:
             if not kept:
                 raise
-            raise ShrinkError(f"{error}. Widths kept at full size before that: "
-                              f"{'; '.join(map(str, kept))}") from error
+            raise ShrinkError(_nothing_left(model, scale, min_width, widths, kept)) from error
+        widths = widths or {field_size(model, p, f) for p in plan.layers for f in plan.scaled_fields(p)}
         problems = _size_problems(model, plan, scale, min_width)
         if not problems:
             layers, problem = _shrunk_layers(model, plan, scale, readout_zero_init)
@@ -107,6 +108,16 @@ class _Problem:
     message: str
 
 
+def _nothing_left(model: nn.Module, scale: int, min_width: int, widths: set[int], kept: list[KeptWidth]) -> str:
+    """The error for a model all of whose widths had to be kept at full size at ``scale``: the causes, then the
+    fix (the scales up to 16 that divide every width of ``widths`` without going below ``min_width``)."""
+    causes = ", ".join(dict.fromkeys(k.cause for k in kept))
+    working = [str(s) for s in range(2, 17) if s != scale and all(n % s == 0 and n // s >= min_width for n in widths)]
+    divisor = f"a scale that divides its widths ({', '.join(working)}), or " if working else ""
+    return (f"hydro.shrink: at scale {scale}, {type(model).__name__} has no width left to shrink ({causes}). Fix: "
+            f"{divisor}full size (scale=1; hydro tune --scale 1). Kept at full size: {'; '.join(map(str, kept))}")
+
+
 def _check_shrinkable(model: nn.Module, fixed: Collection[str]) -> None:
     if not isinstance(model, nn.Module):
         raise ShrinkError(f"hydro.shrink: model must be an nn.Module, got {type(model).__name__}")
@@ -142,7 +153,8 @@ def _size_problems(model: nn.Module, plan: WidthPlan, scale: int, min_width: int
             if size % scale:
                 problems.append(_Problem(path, (name,), f"{size} is not divisible by scale {scale}",
                                          f"hydro.shrink: {where} is not divisible by scale {scale}. Fix: use a scale "
-                                         f"that divides it, or a width that is a multiple of {scale}"))
+                                         f"that divides it, a width that is a multiple of {scale}, or keep the "
+                                         f"layer at full width with fixed=[{path!r}]"))
             elif size // scale < min_width:
                 problems.append(_Problem(path, (name,), f"{size} would shrink to {size // scale} < min_width="
                                                         f"{min_width}",

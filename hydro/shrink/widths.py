@@ -173,8 +173,7 @@ class _Analysis:
         return tag if isinstance(tag, int) else None
 
     def _all_tags(self, node: Node) -> list[int]:
-        tag = self.tags.get(node)
-        return list(tag.values()) if isinstance(tag, dict) else ([] if tag is None else [tag])
+        return _leaf_tags(self.tags.get(node))
 
     def _module(self, node: Node) -> None:
         path, groups = node.target, self.plan.groups
@@ -191,10 +190,11 @@ class _Analysis:
                 path, {f: groups.new(fixed=path in self.fixed or (path, f) in self.fixed_fields) for f in sizes})
             for i, (name, width_field) in enumerate(rule.inputs):
                 arg = node.args[i] if i < len(node.args) else node.kwargs.get(name)
-                if width_field is not None and self._tag(arg) is not None:
-                    groups.union(fields[width_field], self._tag(arg))
+                for value in _flat([arg]) if width_field is not None else ():
+                    if self._tag(value) is not None:
+                        groups.union(fields[width_field], self._tag(value))
             out = fields[rule.output]
-            self.tags[node] = {0: out} if rule.tuple_output else out
+            self.tags[node] = out if rule.output_tree is None else _tree_tags(rule.output_tree, out)
             self.sizes[node] = sizes[rule.output]
         elif not any(True for _ in module.parameters()) and not any(True for _ in module.buffers()):
             self._pass_through(node, keeps_size=not isinstance(module, _SIZE_CHANGING_LEAVES))
@@ -288,7 +288,7 @@ class _Analysis:
                 if not plan.scaled(g):
                     continue
                 members = list(plan.members(g))
-                sizes = {_field_size(self.model, p, f) for p, f in members}
+                sizes = {field_size(self.model, p, f) for p, f in members}
                 if check.sizes and not check.sizes & sizes:
                     continue
                 if check.keepable and self.keep_unruled:
@@ -314,12 +314,25 @@ class _Analysis:
                 raise ShrinkError(f"hydro.shrink: tensor '{name}' is used with widths in dimensions {previous[1]} and "
                                   f"{dims[-1]}; only one dimension of a tensor used in forward can be a width")
         if not any(plan.scaled(g) for fields in plan.layers.values() for g in fields.values()):
-            raise ShrinkError(f"hydro.shrink: {type(self.model).__name__} has no width dimension: every layer size is "
-                              f"tied by the data flow to the model's input or output sizes (or no layer is "
-                              f"shrinkable). Nothing to shrink; tune it as it is")
+            raise ShrinkError(f"hydro.shrink: {type(self.model).__name__} has no width to shrink. Fix: tune it at "
+                              f"full size (scale=1; hydro tune --scale 1). Every layer size is tied by the data flow "
+                              f"to the model's input or output sizes, or no layer has a shrink rule")
 
 
-def _field_size(model: nn.Module, path: str, width_field: str) -> int:
+def _tree_tags(tree: dict, tag: int) -> dict:
+    """``tree`` (a :attr:`Rule.output_tree`) with ``tag`` for every ``True``."""
+    return {k: _tree_tags(v, tag) if isinstance(v, dict) else tag for k, v in tree.items()}
+
+
+def _leaf_tags(tag) -> list[int]:
+    """The groups of a value's tag: one group, a (nested) dict of them for tuples, or none."""
+    if isinstance(tag, dict):
+        return [g for value in tag.values() for g in _leaf_tags(value)]
+    return [] if tag is None else [tag]
+
+
+def field_size(model: nn.Module, path: str, width_field: str) -> int:
+    """The size of field ``width_field`` of the rule layer at ``path``."""
     module = model.get_submodule(path)
     return rule_for(module).fields(module)[width_field]
 

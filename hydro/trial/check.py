@@ -64,6 +64,8 @@ def check_workload(spec: TuneSpec, config: Mapping, scale: int, data: tuple[Data
             trial = FusedTrial(cpu_spec, plan, small, device="cpu")  # the driver's GPU is not the trials' to take
             trial.train_step()
             trial.evaluate()
+        except ShrinkError as error:  # the model cannot be shrunk at this scale: its cause and fix first
+            raise WorkloadError(f"{error} (building {what} of the configuration {dict(config)})") from error
         except Exception as error:
             raise WorkloadError(f"hydro: the workload fails before tuning starts, training {what} one batch with "
                                 f"the configuration {dict(config)}: {describe(error)}") from error

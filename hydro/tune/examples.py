@@ -8,8 +8,9 @@ import torch
 from ray import tune
 from torch import nn
 
-from hydro.examples.data import char_sequences, digits, stdlib_text
+from hydro.examples.data import Split, char_sequences, digits, stdlib_text
 from hydro.examples.models import CNN, MLP, CharTransformerLM
+from hydro.examples.recurrent import SequenceClassifier
 from hydro.trial.spec import TuneSpec, accuracy
 
 
@@ -31,6 +32,10 @@ def _digits_flat():
 
 def _digits_images():
     return digits(image=True)
+
+
+def _digit_rows():
+    return tuple(Split(split.x.view(-1, 8, 8), split.y) for split in digits())
 
 
 def _text():
@@ -59,6 +64,18 @@ def digits_mlp(epochs: int = 10, hidden: int = 512) -> tuple[TuneSpec, dict]:
     return spec, dict(_SGD_SPACE)
 
 
+def _gru(config):
+    return SequenceClassifier(features=8, hidden=64, classes=10, kind="gru")
+
+
+def digits_gru(epochs: int = 4) -> tuple[TuneSpec, dict]:
+    """A GRU (hidden size 64) reading 8x8 digits row by row, a readout of its last step, AdamW; validation
+    accuracy."""
+    spec = TuneSpec(model=_gru, data=_digit_rows, loss=nn.CrossEntropyLoss(), optimizer=_adamw, metric="val_acc",
+                    mode="max", metrics={"val_acc": accuracy}, epochs=epochs, batch_size=64)
+    return spec, {"lr": tune.loguniform(1e-3, 1e-1), "weight_decay": tune.choice([0.0, 0.01, 0.1])}
+
+
 def digits_cnn(epochs: int = 6) -> tuple[TuneSpec, dict]:
     """A two-block CNN (64, 128 channels, BatchNorm) on 8x8 digits, SGD; validation accuracy."""
     spec = TuneSpec(model=_cnn, data=_digits_images, loss=nn.CrossEntropyLoss(), optimizer=_sgd, metric="val_acc",
@@ -80,5 +97,5 @@ def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 EXAMPLES: dict[str, Callable[[int], tuple[TuneSpec, dict]]] = {
-    "digits-mlp": digits_mlp, "digits-cnn": digits_cnn, "char-lm": char_lm,
+    "digits-mlp": digits_mlp, "digits-cnn": digits_cnn, "char-lm": char_lm, "digits-gru": digits_gru,
 }

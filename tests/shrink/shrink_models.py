@@ -67,3 +67,17 @@ class CharTransformer(nn.Module):
         mask = nn.Transformer.generate_square_subsequent_mask(self.context)
         h = self.encoder(h, mask=mask, is_causal=True)
         return self.readout(self.norm(h))
+
+
+class RecurrentLM(nn.Module):
+    """Character LM ``[N, context] tokens -> [N, context, vocab]`` logits: embedding of size ``width``, a
+    ``kind`` (``"gru"``/``"lstm"``) of hidden size ``width``, readout."""
+
+    def __init__(self, width: int = 64, vocab: int = 32, kind: str = "gru", layers: int = 1) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.rnn = {"gru": nn.GRU, "lstm": nn.LSTM}[kind](width, width, layers, batch_first=True)
+        self.readout = nn.Linear(width, vocab)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.readout(self.rnn(self.embed(tokens))[0])

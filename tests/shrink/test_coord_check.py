@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from shrink_models import MLP, CharTransformer
+from shrink_models import MLP, CharTransformer, RecurrentLM
 from torch import Tensor, nn
 
 import hydro
@@ -22,7 +22,8 @@ LR, STEPS = 3e-3, 4
 
 
 def mean_abs_activations(model: nn.Module, x: Tensor, y: Tensor, *, mup: bool) -> dict[str, float]:
-    """Train ``STEPS`` Adam steps on (x, y), then mean |output| of every Linear/LayerNorm/Embedding/attention."""
+    """Train ``STEPS`` Adam steps on (x, y), then mean |output| of every Linear/LayerNorm/Embedding/attention/
+    recurrent layer."""
     groups = mup_param_groups(model.parameters(), "adam", LR) if mup else model.parameters()
     optimizer = torch.optim.Adam(groups, lr=LR)
     for _ in range(STEPS):
@@ -40,7 +41,7 @@ def mean_abs_activations(model: nn.Module, x: Tensor, y: Tensor, *, mup: bool) -
         return hook
 
     for name, module in model.named_modules():
-        if isinstance(module, (nn.Linear, nn.LayerNorm, nn.Embedding, nn.MultiheadAttention)):
+        if isinstance(module, (nn.Linear, nn.LayerNorm, nn.Embedding, nn.MultiheadAttention, nn.RNNBase)):
             module.register_forward_hook(record(name))
     with torch.no_grad():
         model(x)
@@ -68,7 +69,8 @@ def lm_data() -> tuple[Tensor, Tensor]:
     return torch.randint(0, 32, (8, 16), generator=g), torch.randint(0, 32, (8, 16), generator=g)
 
 
-CASES = {"mlp": (lambda w: MLP(w), mlp_data, 3), "transformer": (lambda w: CharTransformer(w, layers=1), lm_data, 8)}
+CASES = {"mlp": (lambda w: MLP(w), mlp_data, 3), "transformer": (lambda w: CharTransformer(w, layers=1), lm_data, 8),
+         "gru": (lambda w: RecurrentLM(w), lm_data, 3)}
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from shrink_models import MLP, CharTransformer
+from shrink_models import MLP, CharTransformer, RecurrentLM
 
 import hydro
 import hydro.optim
@@ -35,6 +35,12 @@ CASES = {
                           lambda g: (torch.randint(0, 32, (4, 16), generator=g),
                                      torch.randint(0, 32, (4, 16), generator=g)),
                           lm_loss, hydro.optim.AdamW, (torch.optim.AdamW, "adam"), {}),
+    "gru-adamw": (lambda: RecurrentLM(32, layers=2), 4, lambda g: (torch.randint(0, 32, (4, 8), generator=g),
+                                                                torch.randint(0, 32, (4, 8), generator=g)),
+                  lm_loss, hydro.optim.AdamW, (torch.optim.AdamW, "adam"), {}),
+    "lstm-sgd": (lambda: RecurrentLM(32, kind="lstm"), 4, lambda g: (torch.randint(0, 32, (4, 8), generator=g),
+                                                                   torch.randint(0, 32, (4, 8), generator=g)),
+                 lm_loss, hydro.optim.SGD, (torch.optim.SGD, "sgd"), {"momentum": 0.9}),
 }
 
 

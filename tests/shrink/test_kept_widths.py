@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 from shrink_models import MLP
-from test_refusals import WithGRU
+from test_refusals import WithRMSNorm
 from torch import nn
 
 import hydro
@@ -29,16 +29,16 @@ def _shrink_warned(model, scale, **options):
 
 
 def test_layer_without_a_rule_keeps_its_widths_at_full_size():
-    small, text = _shrink_warned(WithGRU(), 4)
-    assert "'inp'.out, 'mid'.in (layer 'rnn' (GRU): no shrink rule)" in text and "strict=True" in text
-    explicit = hydro.shrink(WithGRU(), 4, fixed=["rnn"])  # what the user had to write before: same surrogate
+    small, text = _shrink_warned(WithRMSNorm(), 4)
+    assert "'inp'.out, 'mid'.in (layer 'act' (RMSNorm): no shrink rule)" in text and "strict=True" in text
+    explicit = hydro.shrink(WithRMSNorm(), 4, fixed=["act"])  # what the user had to write before: same surrogate
     assert [p.shape for p in small.parameters()] == [p.shape for p in explicit.parameters()]
     assert small(torch.randn(2, 5, 16)).shape == (2, 5, 10)
     kept = small.hydro_shrink_report.kept
     assert len(kept) == 1 and kept[0].widths == ("'inp'.out", "'mid'.in")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the full-size target (scale 1) changes nothing: no warning
-        assert hydro.shrink(WithGRU(), 1).hydro_shrink_report.kept == kept
+        assert hydro.shrink(WithRMSNorm(), 1).hydro_shrink_report.kept == kept
 
 
 def test_operation_without_a_rule_keeps_its_widths():
@@ -86,8 +86,11 @@ def test_width_the_scale_does_not_divide_is_kept():
     small, text = _shrink_warned(model, 64, min_width=1)
     assert "'0'.out, '2'.in (96 is not divisible by scale 64)" in text
     assert (small[0].out_features, small[2].out_features) == (96, 2)
-    with pytest.raises(ShrinkError, match="no width dimension.*Widths kept at full size before that: .*100 is not"):
-        hydro.shrink(MLP(100), 8)  # the only width kept: nothing left to shrink, and the error says why
+    # the only width kept: nothing left to shrink, and the error says why and which scales work, first
+    with pytest.raises(ShrinkError, match=r"^hydro.shrink: at scale 8, MLP has no width left to shrink \(100 is not "
+                                          r"divisible by scale 8\). Fix: a scale that divides its widths \(2, 4, 5, "
+                                          r"10\), or full size \(scale=1; hydro tune --scale 1\). Kept at full size: "):
+        hydro.shrink(MLP(100), 8)
 
 
 def test_layer_that_cannot_be_built_at_the_scaled_sizes_is_kept():

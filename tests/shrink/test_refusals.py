@@ -11,19 +11,18 @@ import hydro
 from hydro.shrink import ShrinkError
 
 
-class WithGRU(nn.Module):
-    """A GRU (no shrink rule) between width layers."""
+class WithRMSNorm(nn.Module):
+    """An RMSNorm (no shrink rule) between width layers."""
 
     def __init__(self):
         super().__init__()
         self.inp = nn.Linear(16, 64)
-        self.rnn = nn.GRU(64, 64, batch_first=True)
+        self.act = nn.RMSNorm(64)
         self.mid = nn.Linear(64, 128)
         self.out = nn.Linear(128, 10)
 
     def forward(self, x):
-        h = self.rnn(self.inp(x))[0]
-        return self.out(torch.relu(self.mid(h)))
+        return self.out(torch.relu(self.mid(self.act(self.inp(x)))))
 
 
 def test_width_not_divisible_by_scale():
@@ -38,9 +37,9 @@ def test_width_below_minimum():
 
 
 def test_unknown_layer_coupled_to_a_width_is_named_with_the_fix():
-    with pytest.raises(ShrinkError, match=r"layer 'rnn' \(GRU\) has no shrink rule.*'inp'.out.*fixed=\['rnn'\]"):
-        hydro.shrink(WithGRU(), 4, strict=True)
-    small = hydro.shrink(WithGRU(), 4, fixed=["rnn"])  # the fix: the GRU and the widths it touches stay
+    with pytest.raises(ShrinkError, match=r"layer 'act' \(RMSNorm\) has no shrink rule.*'inp'.out.*fixed=\['act'\]"):
+        hydro.shrink(WithRMSNorm(), 4, strict=True)
+    small = hydro.shrink(WithRMSNorm(), 4, fixed=["act"])  # the fix: the RMSNorm and the widths it touches stay
     assert (small.inp.out_features, small.mid.in_features, small.mid.out_features) == (64, 64, 32)
     assert small(torch.randn(2, 5, 16)).shape == (2, 5, 10)
 
@@ -81,7 +80,8 @@ def test_convolution_as_output_layer():
 
 
 def test_model_without_width_dimension():
-    with pytest.raises(ShrinkError, match="no width dimension"):
+    with pytest.raises(ShrinkError, match=r"^hydro.shrink: Sequential has no width to shrink. Fix: tune it at full "
+                                          r"size \(scale=1; hydro tune --scale 1\)"):
         hydro.shrink(nn.Sequential(nn.Linear(16, 10), nn.ReLU()), 2)
 
 
