@@ -224,8 +224,8 @@ TIMES = ("worker_start_s", "setup_data_s", "setup_plan_s", "setup_build_s", "tra
 def stages(results: tune.ResultGrid, started_at: float) -> list[dict]:
     """Where a run's wall time went: its trials by start, consecutive ones of the same kind and scale as one
     stage, with their member counts, the stage's first start and last end in seconds after ``started_at`` (a
-    trial starts when its worker process starts if it is that worker's first trial, else when the trial function
-    starts; it ends at its last report), the seconds its trials spent (summed over them) in each of ``TIMES``:
+    trial starts when its worker process starts (at the earliest ``started_at``) if it is that worker's first
+    trial, else when the trial function starts; it ends at its last report), the seconds its trials spent (summed over them) in each of ``TIMES``:
     starting a fresh worker, set-up (data on the device, in-trial fusion planning, building the members),
     training, evaluation and checkpoints (those before each trial's last report), and ``idle_before_s``: seconds
     between the previous stage's last end and this stage's first start, when none of the run's trials ran."""
@@ -236,9 +236,10 @@ def stages(results: tune.ResultGrid, started_at: float) -> list[dict]:
         m, plan = r.metrics, plan_of(r.config)
         stage = f"S={plan.scale}" if plan.kind == TrialKind.SURROGATE else plan.kind.value
         fresh = m["worker_trials"] == 1
-        times = {"worker_start_s": m["trial_started_at"] - m["worker_started_at"] if fresh else 0.0,
+        worker = max(m["worker_started_at"], started_at)  # Ray may start idle workers before the run
+        times = {"worker_start_s": m["trial_started_at"] - worker if fresh else 0.0,
                  **{name: m.get(name, 0.0) for name in TIMES[1:]}}
-        start = (m["worker_started_at"] if fresh else m["trial_started_at"]) - started_at
+        start = (worker if fresh else m["trial_started_at"]) - started_at
         trials.append((start, m["reported_at"] - started_at, stage, len(plan.members), times))
     timeline: list[dict] = []
     for start, end, stage, members, times in sorted(trials, key=lambda t: t[:2]):

@@ -37,8 +37,9 @@ def _result(kind: TrialKind, scale: int, members: int, worker: float, start: flo
 
 
 def test_stages_sum_their_trials_times_and_the_idle_gaps_between_them():
-    results = [  # a fresh worker for the first S=4 trial, the same worker reused for S=2 after an idle second
-        _result(TrialKind.SURROGATE, 4, 8, worker=100.0, start=102.0, end=110.0, trials=1, setup_build_s=1.5,
+    results = [  # a fresh worker (started before the run) for the first S=4 trial, one reused for S=2 after an idle
+                 # second, a fresh one for the target
+        _result(TrialKind.SURROGATE, 4, 8, worker=95.0, start=102.0, end=110.0, trials=1, setup_build_s=1.5,
                 train_s=5.0, eval_s=0.5),
         _result(TrialKind.SURROGATE, 4, 8, worker=90.0, start=103.0, end=111.0, trials=3, setup_plan_s=0.25,
                 train_s=6.0, checkpoint_s=0.1),

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from hydro.binder import FusedModel, fuse_template
 from hydro.nn.registry import all_tensors
+from hydro.optim.dynamo_guard import guards_skipped
 from hydro.shrink import shrink
 from hydro.shrink.shrink import ShrinkRecipe, shrink_recipe
 
@@ -233,8 +235,9 @@ class SurrogateTemplate:
                 return
         seen = _ReadKeys(config)
         try:
-            with torch.random.fork_rng(devices=[]), torch.device("meta"), _RandomDraws() as draws:
-                model = self.model_factory(seen)
+            with guards_skipped([DeviceContext.__torch_function__, _RandomDraws.__torch_dispatch__]), \
+                    torch.random.fork_rng(devices=[]), torch.device("meta"), _RandomDraws() as draws:
+                model = self.model_factory(seen)  # (guards_skipped: these modes need no torch._dynamo before it loads)
         except Exception as error:  # a factory may need real values (data-dependent initialisation): plain build
             raise NotFromTemplate(f"the model factory does not run on the meta device ({type(error).__name__}: "
                                   f"{error})") from error
