@@ -11,20 +11,24 @@ All runs allow the same number of concurrent trials (``--concurrency``, default 
 best configuration is then trained at full size with one fixed seed (the "target"), and its validation
 accuracy reported (for Hydro runs this repeats the run's own target trial: ``in_run_best`` is the
 same number). Prints a table and writes JSON to ``benchmarks/results/e2e_tuning.json``; each run's ``stages`` (its
-trials by stage: search, ladder rungs, target; members per trial, first start and last end) say where its time
-went.
+trials by stage: search, ladder rungs, target; members per trial, first start and last end, idle time before the
+stage, and the seconds its trials spent starting fresh workers, in set-up (data, fusion planning, building the
+members), training, evaluation and checkpoints, as the trials report them) say where its time went.
 
     python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 15] [--hidden 1024] [--scheduler none|asha]
                                     [--runs abcde] [--workload digits-mlp|cifar-resnet|resmlp-wide]
                                     [--device auto|cpu|cuda] [--gpus-per-trial G] [--target-seeds K]
-                                    [--data-workers W] [--image-noise X]
+                                    [--data-workers W] [--image-noise X] [--images N] [--large]
 
 ``--workload cifar-resnet``: a CIFAR-style ResNet-18 (SGD: lr, momentum, weight decay) on generated CIFAR-shaped
 images (``hydro.examples.data.SyntheticImages``, a map-style Dataset loaded per batch), batch 128. ``--device``
 sets ``TuneSpec.device``; with ``--gpus-per-trial G`` every trial (stock and Hydro) asks Ray for G GPUs
 (fractions share one). The table adds each run's mean fraction of training time spent waiting for data and, where
 NVML sees GPUs, their utilisation and energy over the run (read only). ``--image-noise``: the generated images'
-per-pixel noise (at 1, the default, every run's best reaches 100%; at 6 configurations differ).
+per-pixel noise (at 1, the default, every run's best reaches 100%; at 6 configurations differ). ``--images``: its
+training images (default 5,000). ``--large``: the larger cifar-resnet workload, where fixed costs matter less: 32
+configurations, 15 epochs, 10,000 training images (e.g. ``--workload cifar-resnet --large --concurrency 8
+--gpus-per-trial 0.125 --image-noise 6``).
 ``--workload resmlp-wide``: the overfitting AdamW pre-LN residual MLP of
 ``benchmarks/transfer_fidelity.py`` (lr, weight decay, beta1; width ``--hidden``) on its noisy synthetic tabular
 task, where a surrogate can prefer a different validation optimum and a model-based searcher (d) could follow it.
@@ -82,6 +86,10 @@ def main() -> int:
     parser.add_argument("--scheduler", choices=["none", "asha"], default="none")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="16 configurations, 3 epochs, width 256")
+    parser.add_argument("--large", action="store_true",
+                        help="cifar-resnet's larger workload: 32 configurations, 15 epochs, 10,000 training images")
+    parser.add_argument("--images", type=at_least(1), default=5000,
+                        help="cifar-resnet: generated training images (validation: 1,000)")
     parser.add_argument("--runs", default="abcd", help="which runs, e.g. 'acd' ((a) is the reference: always run)")
     parser.add_argument("--storage", default="/tmp/hydro_e2e")
     parser.add_argument("--workload", choices=["digits-mlp", "cifar-resnet", "resmlp-wide"], default="digits-mlp")
@@ -96,6 +104,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.samples, args.epochs, args.hidden = 16, 3, 256
+    if args.large:
+        if args.workload != "cifar-resnet":
+            parser.error("--large is cifar-resnet's larger workload: add --workload cifar-resnet")
+        args.samples, args.epochs, args.images = 32, 15, 10_000
     spec, space = workload(args)
     spec.device, spec.data_workers = args.device, args.data_workers
     drawn = RandomSearch(space, seed=args.seed)
@@ -130,10 +142,8 @@ def main() -> int:
                      "target_seeds": target.count, "data_wait_fraction": data_wait, "stages": timeline,
                      "gpu_util_pct": gpu.util_pct, "gpu_energy_j": gpu.energy_j})
         print(f"{name}: {wall:.0f} s, best {best_config}, target {spec.metric} {target}", flush=True)
-        print("  stages: " + "; ".join(
-            f"{s['stage']}: {len(s['members'])} trial{'s' * (len(s['members']) > 1)} of "
-            f"{'+'.join(map(str, s['members'])) if len(s['members']) <= 8 else sum(s['members'])} members, "
-            f"{s['start_s']:.1f}-{s['end_s']:.1f} s" for s in timeline), flush=True)
+        print("  stages (seconds after the run's start; time summed over each stage's trials):\n"
+              + _stage_table(timeline), flush=True)
     ray.shutdown()
     report(rows, spec, args)
     return 0
@@ -180,12 +190,14 @@ def workload(args: argparse.Namespace) -> tuple[TuneSpec, dict]:
         return digits_mlp(epochs=args.epochs, hidden=args.hidden)
     if args.workload == "resmlp-wide":
         return residual_mlp(epochs=args.epochs, width=args.hidden)
-    return cifar_resnet(args.epochs, args.image_noise)
+    return cifar_resnet(args.epochs, args.image_noise, args.images)
 
 
-def cifar_resnet(epochs: int, noise: float = 1.0) -> tuple[TuneSpec, dict]:
-    """CIFAR-style ResNet-18 on generated CIFAR-shaped images (per-pixel ``noise``), SGD; validation accuracy."""
-    spec = TuneSpec(model=_resnet, data=functools.partial(synthetic_cifar, noise=noise), loss=nn.CrossEntropyLoss(),
+def cifar_resnet(epochs: int, noise: float = 1.0, images: int = 5000) -> tuple[TuneSpec, dict]:
+    """CIFAR-style ResNet-18 on ``images`` generated CIFAR-shaped training images (and 1,000 validation images;
+    per-pixel ``noise``), SGD; validation accuracy."""
+    spec = TuneSpec(model=_resnet, data=functools.partial(synthetic_cifar, train=images, noise=noise),
+                    loss=nn.CrossEntropyLoss(),
                     optimizer=_sgd, metric="val_acc", mode="max", metrics={"val_acc": accuracy}, epochs=epochs,
                     batch_size=128)
     return spec, {"lr": tune.loguniform(1e-3, 0.5), "momentum": tune.choice([0.0, 0.5, 0.9]),
@@ -206,28 +218,52 @@ def data_wait_fraction(results) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+TIMES = ("worker_start_s", "setup_data_s", "setup_plan_s", "setup_build_s", "train_s", "eval_s", "checkpoint_s")
+
+
 def stages(results: tune.ResultGrid, started_at: float) -> list[dict]:
     """Where a run's wall time went: its trials by start, consecutive ones of the same kind and scale as one
-    stage, with their member counts and the stage's first start and last end in seconds after ``started_at``
-    (a trial's start: its last report's time less its ``time_total_s``, so worker start and set-up before the
-    first epoch are not in it; Ray's report time is in whole seconds, so each time is good to about 1 s)."""
+    stage, with their member counts, the stage's first start and last end in seconds after ``started_at`` (a
+    trial starts when its worker process starts (at the earliest ``started_at``) if it is that worker's first
+    trial, else when the trial function starts; it ends at its last report), the seconds its trials spent (summed over them) in each of ``TIMES``:
+    starting a fresh worker, set-up (data on the device, in-trial fusion planning, building the members),
+    training, evaluation and checkpoints (those before each trial's last report), and ``idle_before_s``: seconds
+    between the previous stage's last end and this stage's first start, when none of the run's trials ran."""
     trials = []
     for r in results:
-        if not r.metrics or "timestamp" not in r.metrics:
+        if not r.metrics or "trial_started_at" not in r.metrics:
             continue
-        plan = plan_of(r.config)
+        m, plan = r.metrics, plan_of(r.config)
         stage = f"S={plan.scale}" if plan.kind == TrialKind.SURROGATE else plan.kind.value
-        end = r.metrics["timestamp"] - started_at
-        trials.append((end - r.metrics["time_total_s"], end, stage, len(plan.members)))
+        fresh = m["worker_trials"] == 1
+        worker = max(m["worker_started_at"], started_at)  # Ray may start idle workers before the run
+        times = {"worker_start_s": m["trial_started_at"] - worker if fresh else 0.0,
+                 **{name: m.get(name, 0.0) for name in TIMES[1:]}}
+        start = (worker if fresh else m["trial_started_at"]) - started_at
+        trials.append((start, m["reported_at"] - started_at, stage, len(plan.members), times))
     timeline: list[dict] = []
-    for start, end, stage, members in sorted(trials):
-        if timeline and timeline[-1]["stage"] == stage:
-            last = timeline[-1]
-            last["members"].append(members)
-            last["end_s"] = max(last["end_s"], end)
-        else:
-            timeline.append({"stage": stage, "members": [members], "start_s": start, "end_s": end})
+    for start, end, stage, members, times in sorted(trials, key=lambda t: t[:2]):
+        if not timeline or timeline[-1]["stage"] != stage:
+            previous_end = max((s["end_s"] for s in timeline), default=0.0)
+            timeline.append({"stage": stage, "members": [], "start_s": start, "end_s": end,
+                             "idle_before_s": max(0.0, start - previous_end), **{name: 0.0 for name in TIMES}})
+        last = timeline[-1]
+        last["members"].append(members)
+        last["end_s"] = max(last["end_s"], end)
+        for name, seconds in times.items():
+            last[name] += seconds
     return timeline
+
+
+def _stage_table(timeline: list[dict]) -> str:
+    """The stages as printed table rows (seconds summed over each stage's trials)."""
+    header = (f"    {'stage':<8} {'trials':>6} {'members':>7} {'start':>7} {'end':>7} {'idle before':>11} "
+              f"{'worker':>7} {'data':>6} {'plan':>6} {'build':>6} {'train':>7} {'eval':>6} {'ckpt':>6}")
+    rows = [f"    {s['stage']:<8} {len(s['members']):6d} {sum(s['members']):7d} {s['start_s']:7.1f} {s['end_s']:7.1f} "
+            f"{s['idle_before_s']:11.1f} {s['worker_start_s']:7.1f} {s['setup_data_s']:6.1f} {s['setup_plan_s']:6.1f} "
+            f"{s['setup_build_s']:6.1f} {s['train_s']:7.1f} {s['eval_s']:6.1f} {s['checkpoint_s']:6.1f}"
+            for s in timeline]
+    return "\n".join([header, *rows])
 
 
 def stock(spec: TuneSpec, space: dict, configs: list[dict], args,
@@ -296,6 +332,8 @@ def report(rows: list[dict], spec: TuneSpec, args) -> None:
     out = RESULTS / ("e2e_tuning.json" if args.hidden == 1024 else f"e2e_tuning_hidden{args.hidden}.json")
     if args.workload != "digits-mlp" or args.device != "auto":
         out = out.with_name(f"e2e_tuning_{args.workload}_{args.device}.json")
+    if args.workload == "cifar-resnet" and args.images != 5000:
+        out = out.with_name(f"{out.stem}_images{args.images}.json")
     if args.seed:
         out = out.with_name(f"{out.stem}_seed{args.seed}.json")
     out.write_text(json.dumps({"args": vars(args), "python": sys.version.split()[0], "torch": torch.__version__,

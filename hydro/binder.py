@@ -93,6 +93,23 @@ def fuse(models: Sequence[nn.Module], *, leaf_modules: Iterable[type[nn.Module]]
     return _build(models, first, is_leaf, per_member, fused_inputs)
 
 
+def fuse_template(template: nn.Module, num_members: int, *, leaf_modules: Iterable[type[nn.Module]] = ()
+                  ) -> FusedModel:
+    """``num_members`` members of ``template``'s architecture fused as :func:`fuse` fuses them, from one trace of
+    ``template``: every member holds ``template``'s tensors (parameters keep their attributes, e.g. µP shapes),
+    to be overwritten with each member's own (``all_tensors(fused)[name][i]``). For members known to share one architecture
+    (e.g. built from one template), where :func:`fuse` would trace and compare every member."""
+    if not isinstance(template, nn.Module) or isinstance(num_members, bool) or not isinstance(num_members, int) \
+            or num_members < 1:
+        raise FuseError(f"hydro.fuse_template: needs an nn.Module and num_members >= 1, got "
+                        f"{type(template).__name__} and {num_members!r}")
+    _check_no_hooks(template, 0)
+    tracer_leaves = leaf_module_types(leaf_modules, "hydro.fuse")
+    traced, per_member = _trace_until_stateless(template, tracer_leaves)
+    return _build([template] * num_members, traced, _leaf_predicate(tracer_leaves, frozenset(per_member)),
+                  per_member, fused_inputs=False)
+
+
 def leaf_module_types(leaf_modules: Iterable[type[nn.Module]], owner: str) -> tuple[type[nn.Module], ...]:
     """``leaf_modules`` as a tuple of ``nn.Module`` classes; ``owner`` (e.g. ``"hydro.fuse"``) names the caller
     in the ``FuseError`` for anything else (a common slip: an instance instead of its class)."""

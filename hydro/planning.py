@@ -9,6 +9,7 @@ process's peak), since the CPU allocator keeps no statistics.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -107,6 +108,23 @@ def _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, devic
     best = max(x.samples_per_s for x in measurements)
     chosen = max(x.num_members for x in measurements if x.samples_per_s >= (1 - tolerance) * best)
     return FusionPlan(chosen, str(device), int(budget), reason, measurements)
+
+
+def extrapolated_plan(plan: FusionPlan, max_members: int, tolerance: float = 0.05) -> FusionPlan:
+    """From a plan that measured F = 1 and 2 only: where two members fused lose no throughput (within
+    ``tolerance``), the largest F <= ``max_members`` whose memory, extrapolated linearly from the two, fits the
+    plan's budget (a prediction: a trial that runs out of memory splits its members); else the plan as is."""
+    counts = [m.num_members for m in plan.measurements]
+    if counts != [1, 2] or max_members <= 2:
+        return plan
+    one, two = plan.measurements
+    if two.samples_per_s < (1 - tolerance) * one.samples_per_s:
+        return plan
+    fits = [f for f in range(max_members, 2, -1) if _predicted_bytes(plan.measurements, f) <= plan.memory_budget_bytes]
+    if not fits:
+        return plan
+    return dataclasses.replace(plan, num_members=fits[0], reason=f"F={fits[0]} extrapolated from F=1 and 2 (memory "
+                                                                 f"{_predicted_bytes(plan.measurements, fits[0]) / 2**20:.0f} MiB predicted)")
 
 
 def _default_budget(device: torch.device) -> int:

@@ -40,3 +40,39 @@ def test_a_trial_trains_its_members_in_chunks_of_the_planned_size():
     for want, got in zip([whole.run_epoch() for _ in range(2)], [chunked.run_epoch() for _ in range(2)]):
         for name in want:
             torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_later_stage_of_a_group_in_the_same_process_measures_two_counts_not_the_ladder(monkeypatch):
+    import hydro.planning as planning
+
+    measured, real = [], planning.measure_fusion
+
+    def recording(model_factory, batch, loss_fn, count, *args, **kwargs):
+        measured.append(count)
+        return real(model_factory, batch, loss_fn, count, *args, **kwargs)
+
+    monkeypatch.setattr(planning, "measure_fusion", recording)
+    monkeypatch.setattr(fusion_module, "_PLANNED_IN_PROCESS", {})
+    data, cpu = spec().load_data(), torch.device("cpu")
+    budget = 1 << 30
+    fusion_in_trial(spec(), {"lr": 0.1}, 2, data, 8, cpu, budget)  # the first stage: the ladder
+    assert measured[:2] == [1, 2] and len(measured) > 2
+    ladder = len(measured)
+    fusion_in_trial(spec(), {"lr": 0.3}, 2, data, 8, cpu, budget)  # the same stage again: planned already
+    assert len(measured) == ladder
+    later = fusion_in_trial(spec(), {"lr": 0.1}, 1, data, 8, cpu, budget)  # the next stage: F = 1 and 2 only
+    assert measured[ladder:] == [1, 2] and 1 <= later <= 8
+    fusion_in_trial(spec(), {"lr": 0.2}, 1, data, 8, cpu, budget)
+    assert len(measured) == ladder + 2
+
+
+def test_extrapolation_takes_the_largest_count_whose_memory_fits_where_fusing_loses_no_throughput():
+    from hydro.planning import FusionMeasurement, FusionPlan, extrapolated_plan
+
+    def plan(two_samples_per_s: float) -> FusionPlan:
+        return FusionPlan(2, "cpu", 1000, "measured", [FusionMeasurement(1, 0.1, 100, 10.0),
+                                                      FusionMeasurement(2, 0.2, 200, two_samples_per_s)])
+
+    assert extrapolated_plan(plan(10.0), 32).num_members == 10  # 100 bytes a member: 10 fit in 1000
+    assert extrapolated_plan(plan(10.0), 6).num_members == 6
+    assert extrapolated_plan(plan(5.0), 32).num_members == 2  # fusing two halves the throughput: as measured

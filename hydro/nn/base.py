@@ -6,8 +6,26 @@ name as in the ``torch.nn`` module it replaces, so ``state_dict()[k][i]`` is mem
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
+
+
+_UNINITIALISED = contextvars.ContextVar("hydro_nn_uninitialised", default=False)
+
+
+@contextlib.contextmanager
+def uninitialised() -> Iterator[None]:
+    """Fused twins built inside are left uninitialised (``reset_parameters`` does nothing): for twins whose
+    tensors are overwritten at once (e.g. by ``load_stacked``), which saves one ``torch.nn`` module per member."""
+    token = _UNINITIALISED.set(True)
+    try:
+        yield
+    finally:
+        _UNINITIALISED.reset(token)
 
 
 class Unfusable(ValueError):
@@ -45,7 +63,10 @@ class FusedModule(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Initialise every member exactly as ``torch.nn`` initialises an independent module."""
+        """Initialise every member exactly as ``torch.nn`` initialises an independent module (nothing inside
+        :func:`uninitialised`)."""
+        if _UNINITIALISED.get():
+            return
         own = self.state_dict(keep_vars=True)
         for i in range(self.num_members):
             for name, tensor in self.member_module().state_dict().items():

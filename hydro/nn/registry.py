@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from . import stateless
 from .attention import MultiheadAttention
-from .base import FusedModule, Unfusable
+from .base import FusedModule, Unfusable, uninitialised
 from .conv import Conv1d, Conv2d
 from .embedding import Embedding
 from .linear import Linear
@@ -86,7 +86,8 @@ def fuse_layer(modules: list[nn.Module]) -> tuple[nn.Module, str | None]:
     twin_cls, twin, fallback = twin_type(template), None, None
     if twin_cls is not None:
         try:
-            twin = twin_cls.from_module(template, count)
+            with uninitialised():  # load_stacked below gives every tensor its members' values
+                twin = twin_cls.from_module(template, count)
         except Unfusable as reason:
             fallback = f"{reason}: fused with torch.vmap"
     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -31,13 +31,18 @@ def unguarded(name: str) -> Callable:
     return method if dynamo_loaded() else getattr(method, "__wrapped__", method)
 
 
-@contextlib.contextmanager
-def optimizers_unguarded() -> Iterator[None]:
+def optimizers_unguarded() -> contextlib.AbstractContextManager[None]:
     """Within: any ``torch.optim`` optimizer (e.g. one a user's factory builds) calls the :data:`GUARDED` methods
-    without their dynamo guard, while ``torch._dynamo`` is not loaded. Sets the guard's cache to the function
-    itself and removes it after; a torch that keeps no such cache imports ``torch._dynamo`` as before."""
-    functions = [] if dynamo_loaded() else [getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None)
-                                             for name in GUARDED]
+    without their dynamo guard, while ``torch._dynamo`` is not loaded (see :func:`guards_skipped`)."""
+    return guards_skipped(getattr(torch.optim.Optimizer, name) for name in GUARDED)
+
+
+@contextlib.contextmanager
+def guards_skipped(guarded: Iterable[Callable]) -> Iterator[None]:
+    """Within: the ``guarded`` functions (wrapped by ``torch._disable_dynamo``) call the functions they wrap
+    directly while ``torch._dynamo`` is not loaded. Sets the guard's cache to the function itself and removes it
+    after; a torch that keeps no such cache imports ``torch._dynamo`` as before."""
+    functions = [] if dynamo_loaded() else [getattr(fn, "__wrapped__", None) for fn in guarded]
     set_here = [fn for fn in functions if fn is not None and getattr(fn, _CACHE, None) is None]
     for fn in set_here:
         setattr(fn, _CACHE, fn)

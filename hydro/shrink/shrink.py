@@ -5,13 +5,14 @@ import copy
 import dataclasses
 import warnings
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from hydro.binder import FusedModel
 from .errors import ShrinkError, ShrinkWarning
+from .layers import Readout
 from .mup import MUP_ATTR, MuShape, as_mu_parameters, rescale_init
 from .report import KeptWidth, ShrinkReport
 from .rules import BuildContext, rule_for
@@ -45,6 +46,58 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Colle
     :class:`ShrinkWarning` and in ``surrogate.hydro_shrink_report`` (a :class:`ShrinkReport`).
     ``strict=True``: raise :class:`ShrinkError` (naming the layer and the fix) instead of keeping them.
     """
+    return shrink_recipe(model, scale, min_width=min_width, fixed=fixed, strict=strict,
+                         readout_zero_init=readout_zero_init).surrogate
+
+
+# Layer types whose construction draws random numbers only in reset_parameters(): rebuilding one is resetting it.
+_RESETTABLE = frozenset({nn.Linear, Readout, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm,
+                         nn.GroupNorm, nn.Embedding})
+
+
+@dataclass(frozen=True)
+class ShrinkRecipe:
+    """What :func:`shrink` returned (``surrogate``) and how it built its layers: per rebuilt layer, in build
+    order, its path, its configuration (a copy on the meta device), its shrunk sizes and build context."""
+
+    surrogate: nn.Module
+    scale: int
+    layers: tuple[tuple[str, nn.Module, dict[str, int], BuildContext], ...]
+    _built: dict[str, nn.Module] = field(default_factory=dict, compare=False, repr=False)
+
+    def rebuilt_tensor_names(self) -> set[str]:
+        """Qualified names of the surrogate's parameters and buffers held by rebuilt layers."""
+        return {f"{path}.{name}" for path, _, _, _ in self.layers
+                for name in _all_tensor_names(self.surrogate.get_submodule(path))}
+
+    @torch.no_grad()
+    def rebuild(self) -> dict[str, nn.Module]:
+        """The rebuilt layers built again by path (``scale > 1``): torch's initialisation at the shrunk sizes, then
+        µP's, drawing from torch's global RNG as :func:`shrink` drew for them after the model's own
+        initialisation. Layers of torch types that initialise in ``reset_parameters`` are the same objects at
+        every call (reset): read their tensors before the next call. Raises ``ValueError`` at scale 1 (the target
+        copies the model's tensors instead)."""
+        if self.scale == 1:
+            raise ValueError("ShrinkRecipe.rebuild: at scale 1 shrink copies the model's own tensors; nothing to rebuild")
+        layers = {}
+        for path, template, sizes, ctx in self.layers:
+            layer = self._built.get(path)
+            if layer is not None:
+                layer.reset_parameters()
+            else:
+                layer = rule_for(template).build(template, sizes, ctx).train(template.training)
+                for name, param in layer.named_parameters():
+                    setattr(param, MUP_ATTR, getattr(self.surrogate.get_parameter(f"{path}.{name}"), MUP_ATTR))
+                if type(layer) in _RESETTABLE:
+                    self._built[path] = layer
+            rescale_init(layer)
+            layers[path] = layer
+        return layers
+
+
+def shrink_recipe(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Collection[str] = (),
+                  strict: bool = False, readout_zero_init: bool = False) -> ShrinkRecipe:
+    """:func:`shrink` (same arguments, result, warnings and random draws) with how it built its layers."""
     if not isinstance(scale, int) or isinstance(scale, bool) or scale < 1:
         raise ShrinkError(f"hydro.shrink: scale must be an integer >= 1, got {scale!r}")
     if not isinstance(min_width, int) or isinstance(min_width, bool) or min_width < 1:
@@ -94,8 +147,9 @@ def shrink(model: nn.Module, scale: int = 8, *, min_width: int = 8, fixed: Colle
     report = ShrinkReport(scale, tuple(plan.kept + kept), _head_changes(model, surrogate))
     setattr(surrogate, REPORT_ATTR, report)
     if report.notice() and scale > 1:  # at scale 1 (the full-size target) nothing is scaled, so nothing to say
-        warnings.warn(report.notice(), ShrinkWarning, stacklevel=3)  # the caller of hydro.shrink(...)
-    return surrogate
+        warnings.warn(report.notice(), ShrinkWarning, stacklevel=4)  # the caller of hydro.shrink(...)
+    return ShrinkRecipe(surrogate, scale, tuple((path, *_layer_build(model, path, plan, scale, readout_zero_init))
+                                                for path in layers))
 
 
 @dataclass(frozen=True)
@@ -197,12 +251,10 @@ def _shrunk_layer(model: nn.Module, path: str, plan: WidthPlan, scale: int, read
     rule = rule_for(template)
     full = rule.fields(template)
     scaled = plan.scaled_fields(path)
-    factory = next((dict(device=t.device, dtype=t.dtype) for t in template.parameters() if t.is_floating_point()), {})
-    ctx = BuildContext(scaled, readout_zero_init=readout_zero_init and scale > 1, **factory)
+    _, sizes, ctx = _layer_build(model, path, plan, scale, readout_zero_init, configuration=False)
     try:
         # at scale 1 built on the meta device (no initialisation, no random draws), then given the model's state
-        layer = rule.build(template, {f: n // scale if f in scaled else n for f, n in full.items()},
-                           ctx if scale > 1 else dataclasses.replace(ctx, device="meta"))
+        layer = rule.build(template, sizes, ctx if scale > 1 else dataclasses.replace(ctx, device="meta"))
         # µP shapes the way mup's delta model finds them: a dimension is a width iff doubling the widths changes it
         delta = rule.build(template, {f: 2 * n if f in scaled else n for f, n in full.items()},
                            dataclasses.replace(ctx, device="meta"))
@@ -220,11 +272,31 @@ def _shrunk_layer(model: nn.Module, path: str, plan: WidthPlan, scale: int, read
     return layer.train(template.training)
 
 
+def _layer_build(model: nn.Module, path: str, plan: WidthPlan, scale: int, readout_zero_init: bool, *,
+                 configuration: bool = True) -> tuple[nn.Module | None, dict[str, int], BuildContext]:
+    """How layer ``path`` is built shrunk: its configuration (with ``configuration``: a copy holding meta tensors;
+    else ``None``), its shrunk sizes and its build context."""
+    template = model.get_submodule(path)
+    scaled = plan.scaled_fields(path)
+    sizes = {f: n // scale if f in scaled else n for f, n in rule_for(template).fields(template).items()}
+    factory = next((dict(device=t.device, dtype=t.dtype) for t in template.parameters() if t.is_floating_point()), {})
+    ctx = BuildContext(scaled, readout_zero_init=readout_zero_init and scale > 1, **factory)
+    if not configuration:
+        return None, sizes, ctx
+    memo = {id(t): nn.Parameter(t.to("meta"), t.requires_grad) if isinstance(t, nn.Parameter) else t.to("meta")
+            for t in _tensors(template)}
+    return copy.deepcopy(template, memo), sizes, ctx
+
+
+def _all_tensor_names(module: nn.Module) -> list[str]:
+    return [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
+
+
 def _copy_state(template: nn.Module, layer: nn.Module) -> None:
     """Give ``layer`` (built on the meta device at ``template``'s sizes) copies of ``template``'s parameters and
     buffers, non-persistent ones included (rules keep torch's names)."""
     source = dict(template.named_parameters()) | dict(template.named_buffers())
-    names = [name for name, _ in layer.named_parameters()] + [name for name, _ in layer.named_buffers()]
+    names = _all_tensor_names(layer)
     if sorted(names) != sorted(source):
         raise ShrinkError(f"hydro.shrink: the rebuilt {type(layer).__name__} has tensors {sorted(names)} where "
                           f"{type(template).__name__} has {sorted(source)}; its shrink rule must keep torch's names")

@@ -19,7 +19,14 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 Batch = tuple[Tensor, Tensor]
-EVAL_BATCH = 256  # validation batches hold at least this many samples
+EVAL_BATCH = 256  # on a CPU, validation batches hold at least this many samples
+
+
+def eval_batch_size(batch_size: int, device: torch.device) -> int:
+    """Validation batch size of a trial training batches of ``batch_size`` on ``device``: on a GPU the training
+    batch size (evaluation then runs at the shapes training already ran: no new cuDNN algorithm searches), on a
+    CPU at least ``EVAL_BATCH`` (fewer, larger batches)."""
+    return batch_size if device.type == "cuda" else max(batch_size, EVAL_BATCH)
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
@@ -87,8 +94,10 @@ class TensorSource(DataSource):
         return self if self.x.device == device else TensorSource(self.x.to(device), self.y.to(device))
 
     def train_batches(self, batch_size, seed, epoch, start, device):
-        for index in batch_order(seed, epoch, len(self)).split(batch_size)[start:]:
-            index = index.to(self.x.device)
+        order = batch_order(seed, epoch, len(self))
+        if self.x.device.type == "cuda":  # the epoch's order copied once, without waiting for the device
+            order = order.pin_memory().to(self.x.device, non_blocking=True)
+        for index in order.split(batch_size)[start:]:
             yield _on(self.x[index], device), _on(self.y[index], device)
 
     def eval_batches(self, batch_size, device):

@@ -9,7 +9,7 @@ from collections.abc import Hashable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from hydro.planning import plan_fusion
+from hydro.planning import extrapolated_plan, plan_fusion
 from hydro.profiling import fit_step_time_model, step_features, torch_threads
 from hydro.trial.data import DataSource
 from hydro.trial.precision import autocast
@@ -47,13 +47,15 @@ class MeasuredFusion(FusionPlanner):
     CPU): fused training steps of the group's (shrunk) model on one batch of ``data``'s training split, in
     ``spec.precision``, with ``threads`` torch threads, within ``memory_budget_bytes`` (default: the device's),
     at the fusion ``counts`` (default: plan_fusion's ladder 1, 2, 4, ...; e.g. those that fill a run's trial slots
-    in whole rounds, :func:`schedulers.trial_slots.whole_round_counts`). ``data`` is not pickled: a copy loads
+    in whole rounds, :func:`schedulers.trial_slots.whole_round_counts`); ``extrapolate``: counts 1 and 2 measured,
+    F extrapolated from them (:func:`hydro.planning.extrapolated_plan`). ``data`` is not pickled: a copy loads
     ``spec.load_data()`` when it next plans."""
 
     def __init__(self, spec: TuneSpec, scale: int, data: tuple[DataSource, DataSource], max_members: int,
                  threads: int, device: torch.device | None = None, memory_budget_bytes: int | None = None,
-                 counts: Sequence[int] | None = None) -> None:
+                 counts: Sequence[int] | None = None, extrapolate: bool = False) -> None:
         self.spec, self.scale, self.data, self.max_members, self.threads = spec, scale, data, max_members, threads
+        self.extrapolate = extrapolate
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.memory_budget_bytes = memory_budget_bytes
         self.counts = None if counts is None else [c for c in counts if c <= max_members] or [max_members]
@@ -73,6 +75,8 @@ class MeasuredFusion(FusionPlanner):
             plan = plan_fusion(lambda: copy.deepcopy(template), (x, y), self.spec.loss, max_members=self.max_members,
                                memory_budget_bytes=self.memory_budget_bytes, device=self.device, steps=PLAN_STEPS,
                                threads=self.threads, candidates=candidates)
+        if self.extrapolate:
+            plan = extrapolated_plan(plan, self.max_members)
         logger.info("plan_fusion for group %s on %s (%s): F=%d of %s (%s)", key, self.device, self.spec.precision,
                     plan.num_members, candidates or "the ladder 1, 2, 4, ...", plan.reason)
         return plan.num_members
@@ -102,15 +106,22 @@ class PredictedFusion(MeasuredFusion):
             return candidate_counts(model, step_features(template, x), len(x), self.max_members)
 
 
-_PLANNED_IN_PROCESS: dict[tuple, int] = {}  # (group key, scale, device type, precision) -> F
+_PLANNED_IN_PROCESS: dict[tuple, tuple[int, int]] = {}  # see fusion_in_trial: key -> (F, the most it could be)
 
 
 def fusion_in_trial(spec: TuneSpec, config: Mapping, scale: int, data: tuple[DataSource, DataSource],
                     max_members: int, device: torch.device, memory_budget_bytes: int | None = None) -> int:
     """F for a trial's members, measured in the trial's own process: on its device, in its precision, within
-    its memory budget; planned once per (group key, scale, device type, precision) in this process."""
-    key = (spec.group_key(config), scale, device.type, spec.precision)
-    if key not in _PLANNED_IN_PROCESS:
-        planner = MeasuredFusion(spec, scale, data, max_members, torch.get_num_threads(), device, memory_budget_bytes)
-        _PLANNED_IN_PROCESS[key] = planner.fusion_for(key, config)
-    return min(_PLANNED_IN_PROCESS[key], max_members)
+    its memory budget. Planned once per (model, group key, scale, device, precision, budget) in this process
+    (again for a trial of more members where the plan took all it could); a group already planned at another
+    scale (the next stage of a width ladder in a reused worker) measures F = 1 and 2 only and extrapolates
+    (:func:`hydro.planning.extrapolated_plan`)."""
+    group, place = (spec.model, spec.group_key(config)), (str(device), spec.precision, memory_budget_bytes)
+    key = (*group, scale, *place)
+    planned = _PLANNED_IN_PROCESS.get(key)
+    if planned is None or planned[0] == planned[1] < max_members:
+        known = any(k[:2] == group and k[3:] == place for k in _PLANNED_IN_PROCESS if k != key)
+        planner = MeasuredFusion(spec, scale, data, max_members, torch.get_num_threads(), device, memory_budget_bytes,
+                                 counts=[1, 2] if known and max_members > 2 else None, extrapolate=known)
+        _PLANNED_IN_PROCESS[key] = planned = (planner.fusion_for(key, config), max_members)
+    return min(planned[0], max_members)

@@ -19,7 +19,7 @@ from hydro.nn.base import member_view
 from hydro.trial.backend import compiled
 from hydro.trial.optimizer import UnsupportedOptimizer, fused_optimizer
 from hydro.trial.spec import TuneSpec
-from hydro.trial.surrogate import build_member
+from hydro.trial.surrogate import build_member, fused_surrogates
 
 
 class Members:
@@ -96,8 +96,13 @@ class FusedMembers(Members):
     def __init__(self, spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int,
                  mup: bool = False, device: torch.device | str = "cpu") -> None:
         self.member_ids = list(member_ids)
-        self.model = hydro.fuse(_build(spec, configs, member_ids, scale, mup),
-                                leaf_modules=tuple(spec.leaf_modules)).to(device)
+        model = None
+        if scale > 1:  # µP surrogates: from one shrunk template where it builds them bit for bit
+            model = fused_surrogates(spec.model, configs, [member_seed(spec, m) for m in member_ids], scale,
+                                     spec.shrink_options(), spec.group_key(configs[0]), tuple(spec.leaf_modules))
+        if model is None:
+            model = hydro.fuse(_build(spec, configs, member_ids, scale, mup), leaf_modules=tuple(spec.leaf_modules))
+        self.model = model.to(device)
         self.optimizer = fused_optimizer(spec.optimizer, configs, self.model.parameters())
         self._compile = (spec.compile, spec.cuda_graphs)
         self.forward = compiled(self.model, *self._compile)
@@ -246,7 +251,12 @@ def _copy_optimizer(optimizer: torch.optim.Optimizer, memo: dict) -> torch.optim
 def _build(spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int, mup: bool) -> list:
     models = []
     for config, member_id in zip(configs, member_ids, strict=True):
-        torch.manual_seed(spec.seed * 1_000_003 + zlib.crc32(member_id.encode()))  # same init wherever it runs
+        torch.manual_seed(member_seed(spec, member_id))  # same init wherever it runs
         models.append(build_member(spec.model, config, scale, mup=mup or scale > 1,
                                    shrink_options=spec.shrink_options()))
     return models
+
+
+def member_seed(spec: TuneSpec, member_id: str) -> int:
+    """The seed of a member's initialisation: a function of the spec's seed and the member id alone."""
+    return spec.seed * 1_000_003 + zlib.crc32(member_id.encode())

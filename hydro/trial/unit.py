@@ -25,7 +25,7 @@ from torch import Tensor
 
 from hydro.loss import loss_on, trial_losses
 from hydro.trial.backend import batch_in, check_cuda_graphs, set_backend_flags, to_memory_format
-from hydro.trial.data import EVAL_BATCH, Batch, DataSource, as_source, batch_order
+from hydro.trial.data import Batch, DataSource, as_source, batch_order, eval_batch_size
 from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
 from hydro.trial.memory import MemoryBudget, is_out_of_memory
@@ -73,8 +73,9 @@ class FusedTrial:
     retried for them, so every member still trains every batch exactly once. ``max_fusion``: the most members
     trained fused at once without running out of memory (``fusion`` or all the trial's members, until a split).
     ``epoch``: completed epochs; ``step``: batches done of the epoch in progress. ``fallback``: why fusion fell
-    back to unfused training (``TuneSpec.fallback_unfused``), else ``None``. ``data_wait_s``/``train_s``:
-    seconds spent waiting for training batches / in training steps (the wait included).
+    back to unfused training (``TuneSpec.fallback_unfused``), else ``None``. ``data_wait_s``/``train_s``/``eval_s``:
+    seconds spent waiting for training batches / in training steps (the wait included) / evaluating;
+    ``data_setup_s``/``build_s``: seconds the splits took to be ready on the device / the members to be built.
     """
 
     def __init__(self, spec: TuneSpec, plan: TrialPlan, data: tuple, *, member_ids: Sequence[str] | None = None,
@@ -85,13 +86,16 @@ class FusedTrial:
         ids = list(member_ids) if member_ids is not None else list(configs)
         self.spec, self.plan = spec, plan
         self.device = resolve_device(spec.device) if device is None else torch.device(device)
+        start = time.perf_counter()
         self.data: tuple[DataSource, DataSource] = tuple(
             as_source(split, name, spec.data_workers).to(self.device) for split, name in zip(data, ("train", "val")))
+        self.data_setup_s = time.perf_counter() - start
         check_cuda_graphs(spec.cuda_graphs, self.device)
         set_backend_flags(self.device, spec.tf32, spec.cudnn_benchmark)
         members, self.fallback = build_members(spec, [configs[m] for m in ids], ids, plan.scale, fuse=plan.fused,
                                                mup=plan.mup, device=self.device)
         to_memory_format(members.modules(), spec.memory_format)
+        self.build_s = time.perf_counter() - start - self.data_setup_s
         self.max_fusion = min(len(ids), fusion or len(ids))  # the most members trained fused at once (that fit)
         self.chunks: list[Members] = [members]  # trained one after another on each batch; an OOM splits one
         if self.max_fusion < len(ids):
@@ -106,7 +110,7 @@ class FusedTrial:
         self._loss_sum: Tensor | None = None  # [F], the epoch in progress
         self._seen = 0
         self._batches: Iterator[Batch] | None = None  # the rest of the epoch in progress
-        self.data_wait_s = self.train_s = 0.0
+        self.data_wait_s = self.train_s = self.eval_s = 0.0
         self.gates, self.observers = list(gates), list(observers)
         for gate in self.gates:
             gate.attach(self)
@@ -251,11 +255,12 @@ class FusedTrial:
     def evaluate(self) -> dict[str, Tensor]:
         """``val_loss`` and every metric of ``spec.metrics`` per member, each ``[F]``: means over the
         validation split in chunks (weighted by chunk size, so exact for metrics that are means over samples)."""
+        start = time.perf_counter()
         for chunk in self.chunks:
             chunk.train(False)
         sums: dict[str, Tensor] = {}
         count = 0
-        for x, target in self.data[1].eval_batches(max(self.batch_size, EVAL_BATCH), self.device):
+        for x, target in self.data[1].eval_batches(eval_batch_size(self.batch_size, self.device), self.device):
             x = batch_in(x, self.spec.memory_format)
             parts = [self._chunk_metrics(chunk, x, target) for chunk in self.chunks]
             for name in parts[0]:
@@ -264,7 +269,9 @@ class FusedTrial:
         if not count:
             raise ValueError("hydro.trial.unit: the validation split gave no batch; TuneSpec.data() must return "
                              "a non-empty val split")
-        return {name: total / count for name, total in sums.items()}
+        metrics = {name: total / count for name, total in sums.items()}
+        self.eval_s += time.perf_counter() - start
+        return metrics
 
     def _chunk_metrics(self, chunk: Members, x: Tensor, target: Tensor) -> dict[str, Tensor]:
         """``val_loss`` and ``spec.metrics`` of one chunk's members on one batch, each ``[n]`` float64."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable
 
 import ray
@@ -37,6 +38,22 @@ from hydro.tune.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "hydro_trial.pt"
+
+
+def _process_started_at() -> float:
+    """When this process started, in seconds since the epoch (Linux: from /proc, good to about 1 s; elsewhere:
+    now, when this module is first imported in it)."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/stat") as system:
+            ticks = int(stat.read().rpartition(")")[2].split()[19])
+            boot = next(int(line.split()[1]) for line in system if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration):
+        return time.time()
+
+
+_PROCESS_STARTED_AT = _process_started_at()
+_TRIALS_IN_PROCESS = 0  # trials this process has run (1: a fresh worker)
 
 
 def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
@@ -119,6 +136,9 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
     (default: ``spec.load_data()``), on the device of ``TuneSpec.device`` given the GPUs Ray assigned. With
     ``energy``, an :class:`~hydro.energy.observer.EnergyObserver` measures it: each member reports its
     ``energy_j``/``cost`` share, the trial its totals and ``member_epoch_cost``."""
+    started = time.time()
+    global _TRIALS_IN_PROCESS
+    _TRIALS_IN_PROCESS += 1
     state = _restored_state()
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None,
                             state["epoch"] if state else 0)
@@ -128,13 +148,19 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
         gpu_ids = ray.get_gpu_ids()
         device = resolve_device(spec.device, gpu_ids)
         budget = _gpu_share_bytes(spec, device)
+        clock = time.perf_counter()
         data = data if data is not None else spec.load_data()
+        loaded = time.perf_counter()
         plan, fusion = session.plan, None
         if plan_fusion and plan.fused and not state:  # a restored trial takes the chunks of its checkpoint
             fusion = fusion_in_trial(spec, plan.members[0][1], plan.scale, data, len(session.member_ids), device,
                                      budget)
+        planned = time.perf_counter()
         trial = FusedTrial(spec, plan, data, member_ids=session.member_ids, device=device,
                            memory_budget_bytes=budget, fusion=fusion)
+        timing = {"trial_started_at": started, "worker_started_at": _PROCESS_STARTED_AT,
+                  "worker_trials": _TRIALS_IN_PROCESS, "setup_data_s": loaded - clock + trial.data_setup_s,
+                  "setup_plan_s": planned - loaded, "setup_build_s": trial.build_s}
         if trial.fallback:
             logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids),
                            trial.fallback)
@@ -147,20 +173,25 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
                 trial.observers.append(meter)
                 if state and "energy" in state:
                     meter.load_state_dict(state["energy"])
-            _train(spec, trial, session, meter, gpu_ids)
+            _train(spec, trial, session, meter, gpu_ids, timing)
         finally:
             if meter is not None:
                 meter.close()
 
 
 def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: EnergyObserver | None,
-           gpu_ids: list) -> None:
+           gpu_ids: list, timing: dict) -> None:
+    """Train and report every epoch. Besides the metrics, each report holds where the trial's time went: ``timing``
+    (its start, its worker process's start and how many trials that process ran, set-up seconds) and seconds of
+    training, evaluation and checkpoints so far (``checkpoint_s``: those before this report), ``reported_at``."""
     resources = tune.get_context().get_trial_resources().required_resources
     extra = {"fused": trial.fused, "device": str(trial.device), "gpu_ids": ",".join(map(str, gpu_ids)),
-             TRIAL_CPUS_KEY: resources.get("CPU", 0.0), TRIAL_GPUS_KEY: resources.get("GPU", 0.0)}
+             TRIAL_CPUS_KEY: resources.get("CPU", 0.0), TRIAL_GPUS_KEY: resources.get("GPU", 0.0), **timing}
+    checkpoint_s = 0.0
     while trial.epoch < spec.epochs:
         metrics = trial.run_epoch()
-        extra.update(max_fusion=trial.max_fusion, data_wait_fraction=trial.data_wait_s / max(trial.train_s, 1e-9))
+        extra.update(max_fusion=trial.max_fusion, data_wait_fraction=trial.data_wait_s / max(trial.train_s, 1e-9),
+                     train_s=trial.train_s, eval_s=trial.eval_s, checkpoint_s=checkpoint_s, reported_at=time.time())
         if meter is not None:
             metrics = {**metrics, **meter.member_metrics(trial.member_ids)}
             extra.update(meter.trial_metrics())
@@ -170,10 +201,12 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
         if keep and trial.epoch % spec.checkpoint_every:  # keep is empty after the trial's last epoch
             session.report()
         else:
+            start = time.perf_counter()
             with tempfile.TemporaryDirectory() as directory:
                 state = trial.state_dict() if meter is None else {**trial.state_dict(), "energy": meter.state_dict()}
                 torch.save(state, os.path.join(directory, STATE_FILE))
                 session.report(checkpoint=tune.Checkpoint.from_directory(directory))
+            checkpoint_s += time.perf_counter() - start
         if not keep:
             return
 
