@@ -83,7 +83,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Iterable, defaults: dict) -> None:
         self.num_members: int | None = None
         self._cache: dict[int, dict] = {}  # per group: derived values, flags and scratch buffers
-        self._uniform = WeakIdKeyDictionary()  # hyperparameter tensor -> one value for every member
+        self._uniform = WeakIdKeyDictionary()  # hyperparameter tensor -> (one value for all members, marked)
         params = list(params)
         if not params:
             raise ValueError(f"{type(self).__name__}: got no parameters (an empty list, or a generator already used "
@@ -205,14 +205,20 @@ class FusedOptimizer(torch.optim.Optimizer):
     def mark_uniform(self, values: Tensor, uniform: bool) -> None:
         """Record whether the hyperparameter tensor ``values`` holds one value for every member (schedulers
         call this for each learning rate they set, so that using it reads no tensor)."""
-        self._uniform[values] = uniform
+        self._uniform[values] = (uniform, True)
 
     def _shared(self, computed: Tensor, deps: list[Tensor]) -> bool:
-        """Whether every member has the same ``computed`` value: from the marks of its hyperparameters when
-        all are marked (an element-wise function of shared values is shared), else read from ``computed``."""
-        marks = [self._uniform.get(d) for d in deps]
-        if deps and None not in marks:
-            return all(marks)
+        """Whether every member has the same ``computed`` value (an element-wise function of ``deps``): shared
+        when every dependency is (each read once, unless marked); not when a marked one is not (a schedule that
+        differs per member); else read from ``computed``."""
+        for d in deps:
+            if d not in self._uniform:
+                self._uniform[d] = (bool((d == d[0]).all()), False)
+        marks = [self._uniform[d] for d in deps]
+        if all(uniform for uniform, _ in marks):
+            return True
+        if any(marked and not uniform for uniform, marked in marks):
+            return False
         return bool((computed == computed[0]).all())
 
     def flag(self, group: dict, name: str, fn) -> object:

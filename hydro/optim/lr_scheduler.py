@@ -33,7 +33,17 @@ class TrialLRScheduler:
         self.check()
         self.base_lrs = [group.setdefault("initial_lr", group["lr"].clone()) for group in optimizer.param_groups]
         self.last_epoch = last_epoch
+        self._mark_shared()
         self.step()
+
+    def _mark_shared(self) -> None:
+        """Which groups' learning rates every member shares at every step (shared base lr and schedule
+        parameters): told to the optimizer with each lr set, so that it reads none of them."""
+        self.shared = [self.params_shared() and bool((base == base[0]).all()) for base in self.base_lrs]
+
+    def params_shared(self) -> bool:
+        """Whether every member has the same schedule parameters."""
+        return all(bool((v == v[0]).all()) for v in (getattr(self, name) for name in self.per_member))
 
     def check(self) -> None:
         """Refuse schedule parameters that would give a negative, infinite or NaN learning rate."""
@@ -47,8 +57,9 @@ class TrialLRScheduler:
 
     def step(self) -> None:
         self.last_epoch += 1
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+        for group, base, shared in zip(self.optimizer.param_groups, self.base_lrs, self.shared):
             group["lr"] = self.lr_at(base, self.last_epoch)
+            self.optimizer.mark_uniform(group["lr"], shared)
 
     def get_last_lr(self) -> list[Tensor]:
         return [group["lr"] for group in self.optimizer.param_groups]
@@ -60,6 +71,7 @@ class TrialLRScheduler:
             group["initial_lr"] = base
         for name in self.per_member:
             setattr(self, name, getattr(self, name).index_select(0, index))
+        self._mark_shared()
 
     def state_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
@@ -163,8 +175,11 @@ class SequentialLR(TrialLRScheduler):
         k = sum(m <= epoch for m in self.milestones)
         return self.schedulers[k].lr_at(base_lr, epoch - starts[k])
 
+    def params_shared(self) -> bool:
+        return all(scheduler.params_shared() for scheduler in self.schedulers)
+
     def keep_members(self, index: Tensor) -> None:
-        super().keep_members(index)
         for scheduler in self.schedulers:
             for name in scheduler.per_member:
                 setattr(scheduler, name, getattr(scheduler, name).index_select(0, index.cpu()))
+        super().keep_members(index)
