@@ -156,3 +156,24 @@ def test_schedules_and_groups_that_cannot_be_followed_are_refused():
         _spec(lr_scheduler=ts.CosineAnnealingLR)
     with pytest.raises(ValueError, match=r"lr_scheduler_interval must be one of \['batch', 'epoch'\], got 'step'"):
         _spec(lr_scheduler_interval="step")
+
+
+def test_trials_with_schedules_merge_and_go_on_as_one():
+    """Survivors of two fused trials continue as one (hydro.trial.merge): their schedules' state merges too."""
+    from hydro.trial.merge import merge_states
+
+    spec = _spec(lr_scheduler=SCHEDULES["warmup-cosine"], lr_scheduler_interval="batch")
+    parts = [FusedTrial(spec, TrialPlan(TrialKind.SURROGATE, [(f"m{i}", CONFIGS[i]) for i in ids]), spec.data(),
+                        device="cpu") for ids in ([0], [1, 2])]
+    for part in parts:
+        part.run_epoch()
+    merged, reference = _trial(spec), _trial(spec)
+    merged.load_state_dict(merge_states([part.state_dict() for part in parts]))
+    merged.run_epoch()
+    for _ in range(2):
+        reference.run_epoch()
+    assert merged.members.scheduler.last_epoch == reference.members.scheduler.last_epoch
+    torch.testing.assert_close(merged.members.optimizer.param_groups[0]["lr"],
+                               reference.members.optimizer.param_groups[0]["lr"])
+    for a, b in zip(merged.members.model.parameters(), reference.members.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

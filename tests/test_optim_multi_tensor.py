@@ -60,6 +60,17 @@ def test_multi_tensor_step_is_bit_identical_to_the_loop(cls, kwargs):
         assert torch.equal(a, b), name
 
 
+def _train_both(models, optimizers, steps: int) -> None:
+    """Train each of ``models`` (of 5 inputs) with its optimizer on the same batches."""
+    g = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        x = torch.randn(4, 5, generator=g)
+        for m, o in zip(models, optimizers):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+
+
 @pytest.mark.parametrize("cls", [Adam, AdamW])
 def test_adam_with_shared_step_sizes_is_within_float_roundoff(cls):
     """Members sharing lr and beta1 (one step size): the loop multiplied by it as a host float, the multi-tensor
@@ -68,14 +79,8 @@ def test_adam_with_shared_step_sizes_is_within_float_roundoff(cls):
     torch.manual_seed(0)
     model = hydro.fuse([nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3)) for _ in range(MEMBERS)])
     twin = copy.deepcopy(model)
-    opts = [c(m.parameters(), lr=1e-2, weight_decay=1e-2) for c, m in ((cls, model), (LOOP[cls], twin))]
-    g = torch.Generator().manual_seed(2)
-    for _ in range(6):
-        x = torch.randn(4, 5, generator=g)
-        for m, o in zip((model, twin), opts):
-            o.zero_grad()
-            m(x).pow(2).sum().backward()
-            o.step()
+    _train_both((model, twin), [c(m.parameters(), lr=1e-2, weight_decay=1e-2)
+                                 for c, m in ((cls, model), (LOOP[cls], twin))], steps=6)
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -91,13 +96,7 @@ def test_mup_groups_step_as_the_loop():
     opts = [c(m.parameters(), lr=[0.05, 0.1, 0.2], momentum=0.9, weight_decay=1e-3)
             for c, m in ((SGD, model), (LOOP[SGD], twin))]
     assert len(opts[0].param_groups) == len(opts[1].param_groups) > 1
-    g = torch.Generator().manual_seed(2)
-    for _ in range(4):
-        x = torch.randn(4, 5, generator=g)
-        for m, o in zip((model, twin), opts):
-            o.zero_grad()
-            m(x).pow(2).sum().backward()
-            o.step()
+    _train_both((model, twin), opts, steps=4)
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
 

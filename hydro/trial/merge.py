@@ -42,7 +42,8 @@ def merge_states(states: Sequence[Mapping]) -> dict:
     schedulers = _merge_value("schedulers", [m.get("schedulers", []) for m in members], counts)
     first = states[0]
     return {"member_ids": ids, "chunks": [len(ids)], "max_fusion": len(ids),
-            "members": [{"modules": [modules], "optimizers": [optimizer], "schedulers": schedulers}], "epoch": first["epoch"], "step": 0,
+            "members": [{"modules": [modules], "optimizers": [optimizer], "schedulers": schedulers}],
+            "epoch": first["epoch"], "step": 0,
             "loss_sum": None, "seen": 0, "torch_rng": first["torch_rng"], "cuda_rng": first.get("cuda_rng"),
             "scaler": None}
 

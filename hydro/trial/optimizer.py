@@ -62,7 +62,8 @@ def translate(factory, configs: Sequence[Mapping], params, members: Sequence[nn.
                                        "models (members=) so that they can be matched by parameter name")
         groups = [list(params)]
     else:
-        probes = [build_optimizer(factory, model.parameters(), config) for model, config in zip(members, configs, strict=True)]
+        probes = [build_optimizer(factory, model.parameters(), config)
+                  for model, config in zip(members, configs, strict=True)]
         groups = _fused_groups(params, members, probes)
     kind = type(probes[0])
     if kind not in _TRANSLATIONS:
