@@ -11,7 +11,6 @@ the step-time ratio loop / multi-tensor (medians of interleaved steps, on the sa
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import statistics
@@ -49,12 +48,18 @@ def _training_step(fused, optimizer, schedule, x, y, members: int):
     return step
 
 
-def measure(name: str, base: nn.Module, members: int, steps: int, device: torch.device) -> dict:
+def fused_resnet(members: int, device: torch.device) -> nn.Module:
+    """F ResNet-18s shrunk S=8, fused (built anew each time: a copy would lose the µP shapes, hence µP's groups)."""
+    torch.manual_seed(0)
+    return hydro.fuse([hydro.shrink(ResNet18(), 8) for _ in range(members)]).to(device)
+
+
+def measure(name: str, members: int, steps: int, device: torch.device) -> dict:
     cls, kwargs = OPTIMIZERS[name]
     row = {"optimizer": name, "members": members}
     runs = {}
     for label, make in (("loop", LOOP[cls]), ("foreach", cls)):
-        fused = copy.deepcopy(base)
+        fused = fused_resnet(members, device)
         for p in fused.parameters():
             p.grad = torch.randn_like(p)
         optimizer = make(fused.parameters(), **kwargs(members))
@@ -63,8 +68,9 @@ def measure(name: str, base: nn.Module, members: int, steps: int, device: torch.
         with count_ops() as counts:
             optimizer.step()
         row[f"{label}_ops"], row[f"{label}_reads"] = counts.total, counts.reads
+        row["groups"] = len(optimizer.param_groups)
         runs[label] = optimizer
-        train = copy.deepcopy(base)
+        train = fused_resnet(members, device)
         train_opt = make(train.parameters(), **kwargs(members))
         schedule = hsched.SequentialLR(train_opt, [hsched.LinearLR(train_opt, start_factor=0.1, total_iters=5),
                                                    hsched.CosineAnnealingLR(train_opt, T_max=100)], [5])
@@ -98,10 +104,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    base = hydro.fuse([hydro.shrink(ResNet18(), 8) for _ in range(args.members)]).to(device)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"device={device} F={args.members} parameters={len(list(base.parameters()))} threads="
+    print(f"device={device} F={args.members} parameters=62 (ResNet-18 S=8) threads="
           f"{torch.get_num_threads()} load={load:.2f} torch={torch.__version__}")
     header = (f"{'optimizer':<9} {'ops loop':>9} {'ops foreach':>12} {'reads loop':>11} {'reads foreach':>14} "
               f"{'train-step reads loop/foreach':>30} {'ms loop':>8} {'ms foreach':>11} {'speed-up':>9}")
@@ -109,7 +113,7 @@ def main() -> None:
     print("-" * len(header))
     rows = []
     for name in OPTIMIZERS:
-        row = measure(name, base, args.members, args.steps, device)
+        row = measure(name, args.members, args.steps, device)
         rows.append(row)
         print(f"{name:<9} {row['loop_ops']:>9} {row['foreach_ops']:>12} {row['loop_reads']:>11} "
               f"{row['foreach_reads']:>14} {row['loop_train_step_reads']:>19} / {row['foreach_train_step_reads']:<8} "
