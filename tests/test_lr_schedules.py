@@ -25,6 +25,10 @@ SCHEDULES = {
     "step": lambda o, c: ts.StepLR(o, step_size=3, gamma=c["gamma"]),
     "multistep": lambda o, c: ts.MultiStepLR(o, milestones=[2, 5], gamma=c["gamma"]),
     "exponential": lambda o, c: ts.ExponentialLR(o, gamma=c["gamma"]),
+    "onecycle": lambda o, c: ts.OneCycleLR(o, max_lr=2 * c["lr"], total_steps=20, cycle_momentum=False),
+    "onecycle-3-linear": lambda o, c: ts.OneCycleLR(o, max_lr=c["lr"], total_steps=20, pct_start=0.25,
+                                                    anneal_strategy="linear", three_phase=True,
+                                                    cycle_momentum=False),
     "warmup-cosine": lambda o, c: ts.SequentialLR(o, [ts.LinearLR(o, start_factor=0.1, total_iters=c["warmup"]),
                                                       ts.CosineAnnealingLR(o, T_max=10)], milestones=[4]),
 }
@@ -144,6 +148,8 @@ def test_schedules_and_groups_that_cannot_be_followed_are_refused():
     with pytest.raises(UnsupportedSchedule, match="returned torch.optim.lr_scheduler.CyclicLR; fused training "
                                                   "supports"):
         _trial(_spec(lr_scheduler=lambda o, c: ts.CyclicLR(o, 0.01, 0.1)))
+    with pytest.raises(UnsupportedSchedule, match="OneCycleLR with cycle_momentum=True.*cycle_momentum=False"):
+        _trial(_spec(lr_scheduler=lambda o, c: ts.OneCycleLR(o, max_lr=0.1, total_steps=20)))
     with pytest.raises(UnsupportedSchedule, match="members differ in StepLR.step_size"):
         _trial(_spec(lr_scheduler=lambda o, c: ts.StepLR(o, step_size=c["warmup"])))
     with pytest.raises(UnsupportedSchedule, match="lr_scheduler_interval='epoch'"):

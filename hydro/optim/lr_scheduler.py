@@ -295,3 +295,50 @@ class ReduceLROnPlateau:
 
     def load_state_dict(self, state: dict) -> None:
         self.__dict__.update(state)
+
+
+class OneCycleLR(TrialLRScheduler):
+    """``torch.optim.lr_scheduler.OneCycleLR``'s learning rates (not its momentum cycle): from
+    ``max_lr / div_factor`` up to ``max_lr`` over ``pct_start`` of ``total_steps``, then down to
+    ``max_lr / div_factor / final_div_factor`` (``three_phase``: back to the start first). ``max_lr`` per member
+    (or, per parameter group, a list of per-member values); the base lr of the optimizer is not used."""
+
+    def __init__(self, optimizer, max_lr, total_steps: int, pct_start: float = 0.3, anneal_strategy: str = "cos",
+                 div_factor: float = 25.0, final_div_factor: float = 1e4, three_phase: bool = False,
+                 last_epoch: int = -1) -> None:
+        groups = len(optimizer.param_groups)
+        per_group = max_lr if isinstance(max_lr, (list, tuple)) and len(max_lr) == groups and \
+            all(isinstance(v, (list, tuple, Tensor)) for v in max_lr) else [max_lr] * groups
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        check("OneCycleLR: ", ("total_steps", total_steps, is_count, "an int >= 1 (steps)"),
+              ("pct_start", pct_start, lambda v: 0 <= v <= 1, "in [0, 1]"))
+        ends = [float(pct_start * total_steps) - 1, *([float(2 * pct_start * total_steps) - 2] if three_phase else []),
+                total_steps - 1]
+        super().__init__(optimizer, last_epoch, total_steps=total_steps, anneal_strategy=anneal_strategy,
+                         div_factor=div_factor, final_div_factor=final_div_factor, three_phase=three_phase,
+                         phase_ends=ends, max_lrs=[per_member(v, optimizer.num_members, "max_lr", "OneCycleLR")
+                                                   for v in per_group])
+
+    def params_shared(self) -> bool:
+        return all(bool((v == v[0]).all()) for v in self.max_lrs)
+
+    def keep_params(self, index: Tensor) -> None:
+        self.max_lrs = [v.index_select(0, index) for v in self.max_lrs]
+
+    def lr_at(self, base_lr, epoch, group=0):
+        if epoch > self.total_steps:
+            raise ValueError(f"OneCycleLR: stepped {epoch} times, more than total_steps={self.total_steps}")
+        high = self.max_lrs[group]
+        low = high / self.div_factor
+        phases = [(low, high), *([(high, low)] if self.three_phase else []), (low if self.three_phase else high,
+                                                                              low / self.final_div_factor)]
+        start = 0.0
+        for i, ((first, last), end) in enumerate(zip(phases, self.phase_ends)):
+            if epoch <= end or i == len(phases) - 1:
+                pct = (epoch - start) / (end - start)
+                if self.anneal_strategy == "linear":
+                    return (last - first) * pct + first
+                return last + (first - last) / 2.0 * (math.cos(math.pi * pct) + 1)
+            start = end
+        raise AssertionError("unreachable: the last phase always applies")

@@ -1,5 +1,8 @@
 """The user's LR schedule (``TuneSpec.lr_scheduler``) as one fused ``hydro.optim.lr_scheduler`` scheduler.
 
+Closed forms per member (torch steps some schedules recursively): learning rates agree with torch's to float64
+roundoff. ``OneCycleLR`` needs ``cycle_momentum=False`` (fused training does not cycle the momentum).
+
 ``lr_scheduler(optimizer, config)`` is called once per member on that member's plain-torch optimizer (as the
 optimizer factory built it, never stepped); the torch schedulers it returns — one class for all members — give
 each member's schedule parameters.
@@ -28,7 +31,7 @@ class UnsupportedSchedule(TypeError):
 
 
 SUPPORTED = ("LambdaLR", "LinearLR", "CosineAnnealingLR", "StepLR", "MultiStepLR", "ExponentialLR", "SequentialLR",
-             "ReduceLROnPlateau")
+             "OneCycleLR", "ReduceLROnPlateau")
 
 
 def fused_schedule(factory: Callable, configs: Sequence[Mapping], probes: Sequence[torch.optim.Optimizer],
@@ -75,6 +78,19 @@ def _translate(schedulers: list, optimizer: FusedOptimizer):
     if kind is torch_sched.LinearLR:
         return fused_sched.LinearLR(optimizer, start_factor=each("start_factor"), end_factor=each("end_factor"),
                                     total_iters=each("total_iters"))
+    if kind is torch_sched.OneCycleLR:
+        if shared("cycle_momentum"):
+            raise UnsupportedSchedule("OneCycleLR with cycle_momentum=True also cycles the momentum, which fused "
+                                      "training does not follow; pass cycle_momentum=False")
+        return fused_sched.OneCycleLR(
+            optimizer, [[s.optimizer.param_groups[g]["max_lr"] for s in schedulers]
+                        for g in range(len(optimizer.param_groups))],
+            shared("total_steps"), anneal_strategy=shared("_anneal_func_type"), three_phase=len(shared(
+                "_schedule_phases", lambda p: [phase["end_step"] for phase in p])) == 3,
+            pct_start=(shared("_schedule_phases", lambda p: p[0]["end_step"]) + 1) / schedulers[0].total_steps,
+            div_factor=shared("optimizer", lambda o: o.param_groups[0]["max_lr"] / o.param_groups[0]["initial_lr"]),
+            final_div_factor=shared("optimizer",
+                                    lambda o: o.param_groups[0]["initial_lr"] / o.param_groups[0]["min_lr"]))
     if kind is torch_sched.SequentialLR:
         children = [_translate(list(parts), optimizer) for parts in zip(*each("_schedulers"))]
         return fused_sched.SequentialLR(optimizer, children, shared("_milestones"))
