@@ -437,6 +437,26 @@ CASES = [
     case("fused-gru-packed-sequence", lambda: hydro.nn.GRU(4, 8, num_members=2)(
         nn.utils.rnn.pack_sequence([torch.zeros(3, 4)])), TypeError,
          "hydro.nn.GRU: PackedSequence inputs cannot be fused. Fix: pass the padded batch"),
+    # --- LR schedules and parameter groups (TuneSpec.lr_scheduler, the optimizer factory) -------------------------
+    case("schedule-made-in-optimizer-factory", lambda: prepare(spec(optimizer=lambda p, c: (  # fixed (was silent)
+        o := torch.optim.SGD(p, lr=c["lr"]), torch.optim.lr_scheduler.LambdaLR(o, lambda s: 0.01))[0]), SPACE),
+         WorkloadError, "created an LR scheduler (torch.optim.lr_scheduler.LambdaLR); Hydro would train with the "
+                        "learning rate it set first and never step it. Fix: return only the optimizer"),
+    case("lr-scheduler-unsupported-class", lambda: prepare(spec(  # new option
+        lr_scheduler=lambda o, c: torch.optim.lr_scheduler.CyclicLR(o, 0.01, 0.1)), SPACE), WorkloadError,
+         "TuneSpec.lr_scheduler returned torch.optim.lr_scheduler.CyclicLR; fused training supports"),
+    case("lr-scheduler-a-class", lambda: spec(lr_scheduler=torch.optim.lr_scheduler.StepLR), TypeError,
+         "TuneSpec.lr_scheduler is called as lr_scheduler(optimizer, config), got StepLR"),
+    case("lr-scheduler-interval-unknown", lambda: spec(lr_scheduler_interval="step"), ValueError,
+         "TuneSpec.lr_scheduler_interval must be one of ['batch', 'epoch'], got 'step'"),
+    case("lr-scheduler-plateau-per-batch", lambda: prepare(spec(
+        lr_scheduler=lambda o, c: torch.optim.lr_scheduler.ReduceLROnPlateau(o), lr_scheduler_interval="batch"),
+        SPACE), WorkloadError, "ReduceLROnPlateau follows an epoch's validation metric; set "
+                               "TuneSpec.lr_scheduler_interval='epoch'"),
+    case("plateau-factor-not-below-one", lambda: sched.ReduceLROnPlateau(sgd(), factor=[0.5, 1.5, 0.5]), ValueError,
+         "ReduceLROnPlateau: factor must be < 1 for every member, got [0.5, 1.5, 0.5]"),
+    case("lambda-lr-wrong-count", lambda: sched.LambdaLR(sgd(), [lambda s: 1.0] * 2), ValueError,
+         "LambdaLR: lr_lambdas must be a function, 3 functions (one per member)"),
 ]
 
 

@@ -193,7 +193,7 @@ def test_bad_hyperparameters_are_refused_clearly():
         hsched.StepLR(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), 3)
 
 
-def _assert_steps_equal(model, opt, ref, ref_opt, steps: int) -> None:
+def _assert_steps_equal(model, opt, ref, ref_opt, steps: int, rtol: float = 1e-6, atol: float = 1e-7) -> None:
     """``model`` with ``opt`` and ``ref`` with ``ref_opt`` trained on the same batches end with equal parameters."""
     g = torch.Generator().manual_seed(1)
     for _ in range(steps):
@@ -203,7 +203,7 @@ def _assert_steps_equal(model, opt, ref, ref_opt, steps: int) -> None:
             m(x).pow(2).mean().backward()
             o.step()
     for (name, a), b in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=name)
 
 
 def _plain_mlp():
@@ -234,11 +234,13 @@ def test_plain_unfused_parameters_are_one_member_and_step_like_torch(make, ref_m
 
 @pytest.mark.parametrize("make,ref_make,rule", [(SGD, torch.optim.SGD, "sgd"), (AdamW, torch.optim.AdamW, "adam")])
 def test_plain_shrunk_model_gets_the_mup_multipliers(make, ref_make, rule):
-    """hydro.optim on one unfused µP surrogate = torch.optim with mup_param_groups (the README's "fused or not")."""
+    """hydro.optim on one unfused µP surrogate = torch.optim with mup_param_groups (the README's "fused or not").
+    AdamW divides by its step size on the device (as torch's capturable Adam) where torch multiplies by a host
+    float: a few float32 ulps apart per step."""
     torch.manual_seed(0)
     model = hydro.shrink(nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3)), 4)
     ref = copy.deepcopy(model)
     opt = make(model.parameters(), lr=0.05, weight_decay=0.01)
     ref_opt = ref_make(hydro.shrink.mup_param_groups(ref.parameters(), rule, lr=0.05, weight_decay=0.01))
     assert len(opt.param_groups) > 1 and opt.num_members == 1  # split by µP multipliers
-    _assert_steps_equal(model, opt, ref, ref_opt, steps=5)
+    _assert_steps_equal(model, opt, ref, ref_opt, steps=5, **({} if rule == "sgd" else dict(rtol=1e-5, atol=1e-6)))

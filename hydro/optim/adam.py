@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from hydro.checks import check
-from .base import FusedOptimizer
+from .base import Derived, FusedOptimizer
 
 
 class Adam(FusedOptimizer):
@@ -14,6 +14,18 @@ class Adam(FusedOptimizer):
 
     per_member = ("lr", "beta1", "beta2", "eps", "weight_decay")
     mup_rule = "adam"
+    derived = {
+        "lr_all": Derived(("lr",), lambda g: g["lr"] * g["lr_mult"], scalar=False, dtype=torch.float64),
+        "decay": Derived(("weight_decay",), lambda g: g["weight_decay"] * g["wd_mult"]),
+        "shrink": Derived(("lr", "weight_decay"),  # decoupled decay factor
+                          lambda g: 1 - (g["lr"] * g["lr_mult"]) * (g["weight_decay"] * g["wd_mult"])),
+        "blend1": Derived(("beta1",), lambda g: 1 - g["beta1"]),
+        "beta2": Derived(("beta2",), lambda g: g["beta2"]),
+        "blend2": Derived(("beta2",), lambda g: 1 - g["beta2"]),
+        "eps": Derived(("eps",), lambda g: g["eps"]),
+        "beta1_f64": Derived(("beta1",), lambda g: g["beta1"], scalar=False, dtype=torch.float64),
+        "beta2_f64": Derived(("beta2",), lambda g: g["beta2"], scalar=False, dtype=torch.float64),
+    }
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad: bool = False, *,
                  maximize: bool = False, decoupled_weight_decay: bool = False) -> None:
@@ -36,53 +48,70 @@ class Adam(FusedOptimizer):
               *((name, group[name], lambda v: (v >= 0) & (v < 1), "in [0, 1) for every member")
                 for name in ("beta1", "beta2")))
 
-    def _resolve_group(self, group: dict, like: Tensor) -> dict:
-        lr_all = group["lr"] * group["lr_mult"]
-        decay_all = group["weight_decay"] * group["wd_mult"]
-        return {"lr_all": lr_all, "decay": self.resolve(decay_all, like),
-                "shrink": self.resolve(1 - lr_all * decay_all, like),  # decoupled decay factor
-                "blend1": self.resolve(1 - group["beta1"], like), "beta2": self.resolve(group["beta2"], like),
-                "blend2": self.resolve(1 - group["beta2"], like), "eps": self.resolve(group["eps"], like)}
-
     def _update(self, group: dict, params: list[Tensor]) -> None:
-        view, h = self.per_param, self.resolved(group, params[0])
-        lr_all, decay, shrink, blend1 = h["lr_all"], h["decay"], h["shrink"], h["blend1"]
-        beta2, blend2, eps = h["beta2"], h["blend2"], h["eps"]
+        grads = [p.grad for p in params]
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
+        steps, exp_avgs, exp_avg_sqs = [], [], []
         for p in params:
-            grad = -p.grad if group["maximize"] else p.grad
             state = self.state[p]
             if not state:
-                state["step"] = torch.zeros(self.num_members, dtype=torch.int64)  # per member: a skipped step
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)  # (fp16 overflow)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)  # counts for none
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group["amsgrad"]:
                     state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            elif not isinstance(state["step"], Tensor) or state["step"].shape != (self.num_members,):
-                state["step"] = torch.full((self.num_members,), int(state["step"]), dtype=torch.int64)  # torch's
-            state["step"] += 1
-            step = state["step"]  # [F] on the CPU, like the hyperparameters
-            if isinstance(decay, Tensor) or decay != 0.0:
-                if group["decoupled_weight_decay"]:
-                    p.mul_(view(shrink, p))
-                else:
-                    grad = self.add_scaled(grad, p, decay)
-            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            exp_avg.lerp_(grad, view(blend1, p))
-            exp_avg_sq.mul_(view(beta2, p))
-            if isinstance(blend2, float):
-                exp_avg_sq.addcmul_(grad, grad, value=blend2)
+            state["step"] = self._member_steps(state.get("step"), p)
+            steps.append(state["step"])
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+        torch._foreach_add_(steps, 1)
+        decay = self.per_param(group, "decay", params)
+        if not isinstance(decay, float) or decay != 0.0:
+            if group["decoupled_weight_decay"]:
+                torch._foreach_mul_(params, self.per_param(group, "shrink", params))
             else:
-                exp_avg_sq.addcmul_(grad, grad * view(blend2, p))
-            step_size = self.resolve(lr_all / (1 - group["beta1"] ** step), p)
-            bias_correction2_sqrt = self.resolve((1 - group["beta2"] ** step).sqrt(), p)
-            if group["amsgrad"]:
-                torch.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
-                exp_avg_sq = state["max_exp_avg_sq"]
-            denom = (exp_avg_sq.sqrt() / view(bias_correction2_sqrt, p)).add_(view(eps, p))
-            if isinstance(step_size, float):
-                p.addcdiv_(exp_avg, denom, value=-step_size)
-            else:  # p -= m / (denom / step_size): one pass less than (m / denom) * step_size
-                p.addcdiv_(exp_avg, denom.div_(view(step_size, p)), value=-1)
+                grads = self.add_scaled(grads, params, decay)
+        torch._foreach_lerp_(exp_avgs, grads, self.per_param(group, "blend1", params))
+        torch._foreach_mul_(exp_avg_sqs, self.per_param(group, "beta2", params))
+        blend2 = self.per_param(group, "blend2", params)
+        if isinstance(blend2, float):
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=blend2)
+        else:
+            torch._foreach_addcmul_(exp_avg_sqs, grads, torch._foreach_mul(grads, blend2))
+        step_size, bias_correction2_sqrt = self._step_sizes(group, params, steps)
+        if group["amsgrad"]:
+            exp_avg_sqs = [self.state[p]["max_exp_avg_sq"] for p in params]
+            torch._foreach_maximum_(exp_avg_sqs, [self.state[p]["exp_avg_sq"] for p in params])
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denom, bias_correction2_sqrt)
+        torch._foreach_add_(denom, self.per_param(group, "eps", params))
+        torch._foreach_div_(denom, step_size)  # p -= m / (denom / step_size): as torch's capturable Adam
+        torch._foreach_addcdiv_(params, exp_avgs, denom, value=-1)
+
+    def _member_steps(self, step: Tensor | int | float | None, p: Tensor) -> Tensor:
+        """The step counts of ``p``'s members as ``[F, 1, ..., 1]`` int64 on ``p``'s device (a skipped step
+        counts for none); a count saved as ``[F]`` or one number (torch's) is converted."""
+        shape = (self.num_members, *([1] * (p.dim() - 1)))
+        if step is None:
+            return torch.zeros(shape, dtype=torch.int64, device=p.device)
+        if isinstance(step, Tensor) and step.shape == shape and step.device == p.device:
+            return step
+        counts = torch.as_tensor(step).to(device=p.device, dtype=torch.int64).reshape(-1)
+        return counts.expand(self.num_members).reshape(shape).clone()
+
+    def _step_sizes(self, group: dict, params: list[Tensor], steps: list[Tensor]) -> tuple[list, list]:
+        """Per parameter, ``lr / (1 - beta1 ** step)`` and ``sqrt(1 - beta2 ** step)``, each ``[F, 1, ..., 1]`` in
+        the parameter's dtype: computed on the device in float64 (as torch's Adam computes them on the host)."""
+        bias_correction1 = torch._foreach_pow(self.per_param(group, "beta1_f64", params), steps)
+        bias_correction2 = torch._foreach_pow(self.per_param(group, "beta2_f64", params), steps)
+        both = bias_correction1 + bias_correction2
+        torch._foreach_neg_(both)
+        torch._foreach_add_(both, 1)  # 1 - beta ** step
+        step_size = torch._foreach_div(self.per_param(group, "lr_all", params), bias_correction1)
+        torch._foreach_sqrt_(bias_correction2)
+        cast = self.scratch(group, params, 2)
+        torch._foreach_copy_(cast, step_size + bias_correction2)
+        return cast[:len(params)], cast[len(params):]
 
 
 class AdamW(Adam):

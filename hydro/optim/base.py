@@ -4,13 +4,21 @@ Every hyperparameter listed in ``per_member`` is a scalar (all members) or ``F``
 parameter group as a float64 tensor ``[F]`` (so LR schedulers and slicing act on it per member). Groups
 may carry ``lr_mult``/``wd_mult`` (default 1): per-parameter multipliers applied on top, e.g. µP's: a
 group holding parameters of a ``hydro.shrink`` model is split by their µP multipliers (``mup_rule``).
+
+A step is a few multi-tensor (``torch._foreach_*``) operations over all of a group's parameters; per-member
+values enter as ``[F, 1, ..., 1]`` tensors on the parameters' device (computed there, so a step reads no
+tensor on the host), values every member shares as Python floats (torch's own scalar kernels).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
+
+from dataclasses import dataclass
+
+from torch.utils.weak import WeakIdKeyDictionary
 
 from hydro.checks import check
 from hydro.nn.base import member_view
@@ -34,6 +42,25 @@ def per_member(value, count: int, name: str, owner: str) -> Tensor:
     return tensor.clone()
 
 
+def on_device(values: Tensor, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """CPU ``values`` on ``device`` as ``dtype`` without blocking the host (a pinned copy to a GPU)."""
+    if device.type == "cuda":
+        values = values.pin_memory().to(device, non_blocking=True)
+    return values.to(device=device, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A per-member value an update uses: ``fn(group)`` ``[F]`` (float64, CPU) of the hyperparameters ``deps``.
+    ``scalar``: a Python float when every member shares it (torch's scalar kernels, e.g. ``alpha=``);
+    ``dtype``: the dtype it is used in (default: the parameters')."""
+
+    deps: tuple[str, ...]
+    fn: Callable[[dict], Tensor]
+    scalar: bool = True
+    dtype: torch.dtype | None = None
+
+
 def member_count(params: list[Tensor]) -> int:
     """``F``: the leading size shared by every parameter; 1 (one unfused model) when they do not share one."""
     leading = {p.shape[0] if p.dim() else None for p in params}
@@ -50,11 +77,13 @@ class FusedOptimizer(torch.optim.Optimizer):
     """
 
     per_member: tuple[str, ...] = ("lr",)
+    derived: dict[str, Derived] = {}  # what _update uses, by name (see values/per_param)
     mup_rule = "sgd"  # which µP multipliers apply: "sgd" (MuSGD) or "adam" (MuAdam, entrywise-normalised)
 
     def __init__(self, params: Iterable, defaults: dict) -> None:
         self.num_members: int | None = None
-        self._resolved: dict[int, tuple] = {}
+        self._cache: dict[int, dict] = {}  # per group: derived values, flags and scratch buffers
+        self._uniform = WeakIdKeyDictionary()  # hyperparameter tensor -> (one value for all members, marked)
         params = list(params)
         if not params:
             raise ValueError(f"{type(self).__name__}: got no parameters (an empty list, or a generator already used "
@@ -67,7 +96,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self._resolved = {}
+        self._cache, self._uniform = {}, WeakIdKeyDictionary()
 
     def add_param_group(self, param_group: dict) -> None:
         """Add ``param_group``, split by the µP multipliers of its parameters (see ``hydro.shrink``)."""
@@ -140,39 +169,92 @@ class FusedOptimizer(torch.optim.Optimizer):
         """Apply one step to ``params`` (those of ``group`` that have gradients)."""
         raise NotImplementedError
 
-    def resolved(self, group: dict, like: Tensor) -> dict[str, float | Tensor]:
-        """The group's per-member values (see :meth:`resolve`) for ``like``'s dtype and device, cached until
-        the group's hyperparameter tensors or multipliers are replaced (LR schedulers, slicing)."""
-        key = (*(id(group[n]) for n in self.per_member), group["lr_mult"], group["wd_mult"], like.dtype, like.device)
-        cached = self._resolved.get(id(group))
-        if cached is None or cached[0] != key:
-            cached = self._resolved[id(group)] = (key, self._resolve_group(group, like))
-        return cached[1]
+    def values(self, group: dict, name: str, like: Tensor) -> float | Tensor:
+        """The derived per-member value ``name`` (see :attr:`derived`) of ``group`` for parameters like ``like``:
+        a Python float when it may be a scalar and every member shares it, else ``[F]`` on ``like``'s device.
+        Cached until the group's hyperparameter tensors it depends on (or the multipliers) are replaced, e.g.
+        by an LR scheduler; a recomputation reads no tensor when those hyperparameters are marked
+        (:meth:`mark_uniform`)."""
+        spec = self.derived[name]
+        key = (*(group[d] for d in spec.deps), group["lr_mult"], group["wd_mult"], like.dtype, like.device)
+        cache = self._cache.setdefault(id(group), {})
+        hit = cache.get(name)
+        if hit is not None and len(hit[0]) == len(key) and all(a is b or (not isinstance(a, Tensor) and a == b)
+                                                                 for a, b in zip(hit[0], key)):
+            return hit[1]
+        computed = spec.fn(group)
+        if spec.scalar and self._shared(computed, [group[d] for d in spec.deps]):
+            value: float | Tensor = float(computed[0])
+        else:
+            value = on_device(computed, like.device, spec.dtype or like.dtype)
+        cache[name] = (key, value, {})
+        return value
 
-    def _resolve_group(self, group: dict, like: Tensor) -> dict[str, float | Tensor]:
-        """The values ``_update`` needs, each resolved with :meth:`resolve`."""
-        raise NotImplementedError
+    def per_param(self, group: dict, name: str, params: list[Tensor]) -> float | list[Tensor]:
+        """:meth:`values` shaped to broadcast against each of ``params`` ``[F, ...]`` (one view per number of
+        dimensions, cached with the value), or the shared float."""
+        value = self.values(group, name, params[0])
+        if isinstance(value, float):
+            return value
+        views = self._cache[id(group)][name][2]
+        for p in params:
+            if p.dim() not in views:
+                views[p.dim()] = member_view(value, p.dim() - 1)
+        return [views[p.dim()] for p in params]
+
+    def mark_uniform(self, values: Tensor, uniform: bool) -> None:
+        """Record whether the hyperparameter tensor ``values`` holds one value for every member (schedulers
+        call this for each learning rate they set, so that using it reads no tensor)."""
+        self._uniform[values] = (uniform, True)
+
+    def _shared(self, computed: Tensor, deps: list[Tensor]) -> bool:
+        """Whether every member has the same ``computed`` value (an element-wise function of ``deps``): shared
+        when every dependency is (each read once, unless marked); not when a marked one is not (a schedule that
+        differs per member); else read from ``computed``."""
+        for d in deps:
+            if d not in self._uniform:
+                self._uniform[d] = (bool((d == d[0]).all()), False)
+        marks = [self._uniform[d] for d in deps]
+        if all(uniform for uniform, _ in marks):
+            return True
+        if any(marked and not uniform for uniform, marked in marks):
+            return False
+        return bool((computed == computed[0]).all())
+
+    def flag(self, group: dict, name: str, fn) -> object:
+        """``fn(group[name])`` (a Python value read from the hyperparameter), cached while ``group[name]`` is the
+        same tensor."""
+        cache = self._cache.setdefault(id(group), {})
+        hit = cache.get(("flag", name))
+        if hit is None or hit[0] is not group[name]:
+            hit = cache[("flag", name)] = (group[name], fn(group[name]))
+        return hit[1]
+
+    def scratch(self, group: dict, params: list[Tensor], count: int) -> list[Tensor]:
+        """``count`` float buffers ``[F, 1, ..., 1]`` per parameter of ``params`` (in that order, blocks of
+        ``len(params)``), reused across steps: the targets of per-member values cast to the parameters' dtype."""
+        cache = self._cache.setdefault(id(group), {})
+        shapes = [(p.shape[0], *([1] * (p.dim() - 1))) for p in params] * count
+        likes = [p for p in params] * count
+        held = cache.get("scratch")
+        if held is None or len(held) != len(shapes) or any(
+                b.shape != s or b.dtype != p.dtype or b.device != p.device for b, s, p in zip(held, shapes, likes)):
+            held = cache["scratch"] = [torch.empty(s, dtype=p.dtype, device=p.device) for s, p in zip(shapes, likes)]
+        return held
 
     @staticmethod
-    def resolve(values: Tensor, like: Tensor) -> float | Tensor:
-        """Per-member values ``[F]`` for arithmetic with parameters like ``like``: a Python float when all
-        members share it (torch's own scalar arithmetic, no broadcast), else ``[F]`` in ``like``'s dtype."""
-        if bool((values == values[0]).all()):
-            return float(values[0])
-        return values.to(device=like.device, dtype=like.dtype)
-
-    @staticmethod
-    def per_param(value: float | Tensor, param: Tensor) -> float | Tensor:
-        """A resolved value shaped to broadcast against ``param`` ``[F, ...]``."""
-        return value if isinstance(value, float) else member_view(value, param.dim() - 1)
-
-    @staticmethod
-    def add_scaled(x: Tensor, y: Tensor, scale: float | Tensor, *, inplace: bool = False) -> Tensor:
-        """``x + scale * y`` with a resolved ``scale`` (float, or ``[F]`` broadcast over ``y``'s member dims)."""
+    def add_scaled(x: list[Tensor], y: list[Tensor], scale: float | list[Tensor], *,
+                   inplace: bool = False) -> list[Tensor]:
+        """``x + scale * y`` for lists of tensors with a :meth:`per_param` ``scale`` (a float: torch's ``alpha``);
+        ``inplace``: into ``x`` (returned)."""
+        if not inplace:
+            return torch._foreach_add(x, y, alpha=scale) if isinstance(scale, float) else \
+                torch._foreach_addcmul(x, y, scale)
         if isinstance(scale, float):
-            return x.add_(y, alpha=scale) if inplace else x.add(y, alpha=scale)
-        scale = member_view(scale, y.dim() - 1)
-        return x.addcmul_(y, scale) if inplace else torch.addcmul(x, y, scale)
+            torch._foreach_add_(x, y, alpha=scale)
+        else:
+            torch._foreach_addcmul_(x, y, scale)
+        return x
 
     @torch.no_grad()
     def keep_members(self, index: Tensor) -> None:

@@ -5,14 +5,24 @@ import torch
 from torch import Tensor
 
 from hydro.checks import check
-from .base import FusedOptimizer
+from .base import Derived, FusedOptimizer
 
 
 class SGD(FusedOptimizer):
     """``torch.optim.SGD`` for ``F`` members at once; ``lr``, ``momentum``, ``dampening`` and ``weight_decay``
-    are scalars or ``F`` values. Member ``i`` follows exactly the update torch's SGD would give it alone."""
+    are scalars or ``F`` values. Member ``i`` follows exactly the update torch's SGD would give it alone.
+
+    Members without momentum (``momentum = 0`` beside members with) keep a buffer equal to their gradient
+    (``0 * buffer + gradient``), so every member steps along its buffer: exact while gradients are finite."""
 
     per_member = ("lr", "momentum", "dampening", "weight_decay")
+    derived = {
+        "neg_lr": Derived(("lr",), lambda g: -g["lr"] * g["lr_mult"]),
+        "decay": Derived(("weight_decay",), lambda g: g["weight_decay"] * g["wd_mult"]),
+        "momentum": Derived(("momentum",), lambda g: g["momentum"]),
+        "damping": Derived(("momentum", "dampening"),  # 1 for members without momentum: buffer = gradient
+                           lambda g: torch.where(g["momentum"] != 0, 1 - g["dampening"], 1.0)),
+    }
 
     def __init__(self, params, lr: float = 1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov: bool = False, *, maximize: bool = False) -> None:
@@ -26,32 +36,26 @@ class SGD(FusedOptimizer):
         if group["nesterov"] and ((group["momentum"] <= 0).any() or (group["dampening"] != 0).any()):
             raise ValueError("SGD: Nesterov momentum requires momentum > 0 and dampening = 0 for every member")
 
-    def _resolve_group(self, group: dict, like: Tensor) -> dict:
-        return {"neg_lr": self.resolve(-group["lr"] * group["lr_mult"], like),
-                "decay": self.resolve(group["weight_decay"] * group["wd_mult"], like),
-                "momentum": self.resolve(group["momentum"], like),
-                "damping": self.resolve(1 - group["dampening"], like),
-                "some_momentum": bool(group["momentum"].any()), "all_momentum": bool(group["momentum"].all()),
-                "has_momentum": (group["momentum"] != 0).to(like.device)}
-
     def _update(self, group: dict, params: list[Tensor]) -> None:
-        view, h = self.per_param, self.resolved(group, params[0])
-        neg_lr, decay, momentum, damping = h["neg_lr"], h["decay"], h["momentum"], h["damping"]
-        some_momentum, all_momentum = h["some_momentum"], h["all_momentum"]
-        for p in params:
-            grad = -p.grad if group["maximize"] else p.grad
-            if isinstance(decay, Tensor) or decay != 0.0:
-                grad = self.add_scaled(grad, p, decay)
-            if some_momentum:
-                state = self.state[p]
-                buf = state.get("momentum_buffer")
-                if buf is None:
-                    buf = state["momentum_buffer"] = grad.clone()
-                else:
-                    self.add_scaled(buf.mul_(view(momentum, p)), grad, damping, inplace=True)
-                direction = self.add_scaled(grad, buf, momentum) if group["nesterov"] else buf
-                if not all_momentum:  # members without momentum step along the plain gradient
-                    direction = torch.where(h["has_momentum"].view(-1, *([1] * (p.dim() - 1))), direction, grad)
-            else:
-                direction = grad
-            self.add_scaled(p, direction, neg_lr, inplace=True)
+        grads = [p.grad for p in params]
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
+        decay = self.per_param(group, "decay", params)
+        if not isinstance(decay, float) or decay != 0.0:
+            grads = self.add_scaled(grads, params, decay)
+        direction = grads
+        if self.flag(group, "momentum", lambda m: bool(m.any())):
+            momentum = self.per_param(group, "momentum", params)
+            bufs = [self.state[p].get("momentum_buffer") for p in params]
+            old = [i for i, b in enumerate(bufs) if b is not None]
+            for i, p in enumerate(params):
+                if bufs[i] is None:  # the first step: the buffer is the gradient
+                    bufs[i] = self.state[p]["momentum_buffer"] = grads[i].clone()
+            if old:
+                pick = (lambda xs: xs) if len(old) == len(params) else (lambda xs: [xs[i] for i in old])
+                torch._foreach_mul_(pick(bufs), momentum if isinstance(momentum, float) else pick(momentum))
+                damping = self.per_param(group, "damping", params)
+                self.add_scaled(pick(bufs), pick(grads), damping if isinstance(damping, float) else pick(damping),
+                                inplace=True)
+            direction = self.add_scaled(grads, bufs, momentum) if group["nesterov"] else bufs
+        self.add_scaled(params, direction, self.per_param(group, "neg_lr", params), inplace=True)

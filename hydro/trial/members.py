@@ -16,10 +16,15 @@ from torch import Tensor
 import hydro
 from hydro.binder import FuseError
 from hydro.nn.base import member_view
+from hydro.optim.lr_scheduler import ReduceLROnPlateau
 from hydro.trial.backend import compiled
-from hydro.trial.optimizer import UnsupportedOptimizer, fused_optimizer
+from hydro.trial.optimizer import UnsupportedOptimizer, build_optimizer, translate
+from hydro.trial.schedule import ScheduleInterval, UnsupportedSchedule, fused_schedule
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member, fused_surrogates
+
+
+PLATEAU = (ReduceLROnPlateau, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 class Members:
@@ -37,6 +42,20 @@ class Members:
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         raise NotImplementedError
+
+    def schedulers(self) -> list:
+        """The LR schedulers of :meth:`optimizers` (``TuneSpec.lr_scheduler``; none without)."""
+        raise NotImplementedError
+
+    def lr_step(self, metric: Tensor | None = None) -> None:
+        """Step the LR schedule; ``metric``: the members' values of ``TuneSpec.metric`` ``[F]`` (what
+        ``ReduceLROnPlateau`` follows; only for it)."""
+        raise NotImplementedError
+
+    @property
+    def follows_metric(self) -> bool:
+        """Whether the LR schedule steps on the members' metric (``ReduceLROnPlateau``)."""
+        return any(isinstance(s, PLATEAU) for s in self.schedulers())
 
     def keep(self, positions: Sequence[int]) -> None:
         raise NotImplementedError
@@ -79,13 +98,16 @@ class Members:
 
     def state_dict(self) -> dict:
         return {"modules": [m.state_dict() for m in self.modules()],
-                "optimizers": [o.state_dict() for o in self.optimizers()]}
+                "optimizers": [o.state_dict() for o in self.optimizers()],
+                "schedulers": [s.state_dict() for s in self.schedulers()]}
 
     def load_state_dict(self, state: dict) -> None:
         for module, saved in zip(self.modules(), state["modules"], strict=True):
             module.load_state_dict(saved)
         for optimizer, saved in zip(self.optimizers(), state["optimizers"], strict=True):
             optimizer.load_state_dict(saved)
+        for scheduler, saved in zip(self.schedulers(), state.get("schedulers", []), strict=True):
+            scheduler.load_state_dict(saved)
 
 
 class FusedMembers(Members):
@@ -96,14 +118,20 @@ class FusedMembers(Members):
     def __init__(self, spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequence[str], scale: int,
                  mup: bool = False, device: torch.device | str = "cpu") -> None:
         self.member_ids = list(member_ids)
-        model = None
+        built = None
         if scale > 1:  # µP surrogates: from one shrunk template where it builds them bit for bit
-            model = fused_surrogates(spec.model, configs, [member_seed(spec, m) for m in member_ids], scale,
+            built = fused_surrogates(spec.model, configs, [member_seed(spec, m) for m in member_ids], scale,
                                      spec.shrink_options(), spec.group_key(configs[0]), tuple(spec.leaf_modules))
-        if model is None:
-            model = hydro.fuse(_build(spec, configs, member_ids, scale, mup), leaf_modules=tuple(spec.leaf_modules))
+        if built is None:
+            models = _build(spec, configs, member_ids, scale, mup)
+            model = hydro.fuse(models, leaf_modules=tuple(spec.leaf_modules))
+        else:  # one architecture: the template's surrogate stands for every member in the optimizer factory
+            model, surrogate = built
+            models = [surrogate] * len(configs)
         self.model = model.to(device)
-        self.optimizer = fused_optimizer(spec.optimizer, configs, self.model.parameters())
+        self.optimizer, probes = translate(spec.optimizer, configs, self.model, models)
+        self.scheduler = None if spec.lr_scheduler is None else \
+            _checked_schedule(fused_schedule(spec.lr_scheduler, configs, probes, self.optimizer), spec)
         self._compile = (spec.compile, spec.cuda_graphs)
         self.forward = compiled(self.model, *self._compile)
 
@@ -116,16 +144,26 @@ class FusedMembers(Members):
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]
 
+    def schedulers(self) -> list:
+        return [] if self.scheduler is None else [self.scheduler]
+
+    def lr_step(self, metric: Tensor | None = None) -> None:
+        if isinstance(self.scheduler, ReduceLROnPlateau):
+            self.scheduler.step(metric)
+        elif self.scheduler is not None:
+            self.scheduler.step()
+
     def copy(self) -> FusedMembers:
         memo: dict = {}  # shared: the copied optimizer holds the copied model's parameters
         twin = copy.copy(self)
         twin.model = copy.deepcopy(self.model, memo)
         twin.optimizer = _copy_optimizer(self.optimizer, memo)
+        twin.scheduler = copy.deepcopy(self.scheduler, memo)  # of the copied optimizer
         twin.forward = compiled(twin.model, *self._compile)
         return twin
 
     def keep(self, positions: Sequence[int]) -> None:
-        hydro.keep_members(self.model, positions, optimizer=self.optimizer)
+        hydro.keep_members(self.model, positions, optimizer=self.optimizer, schedulers=self.schedulers())
         self.member_ids = [self.member_ids[i] for i in positions]
 
     def step(self, skip: Tensor | None = None) -> None:
@@ -184,7 +222,10 @@ class LoopedMembers(Members):
                              "surrogates need the fused hydro.optim optimizers")
         self.member_ids = list(member_ids)
         self.models = [model.to(device) for model in _build(spec, configs, member_ids, scale, mup=False)]
-        self.opts = [spec.optimizer(m.parameters(), c) for m, c in zip(self.models, configs)]
+        self.opts = [build_optimizer(spec.optimizer, m.parameters(), c) for m, c in zip(self.models, configs)]
+        self.scheds = [] if spec.lr_scheduler is None else [spec.lr_scheduler(o, c) for o, c in zip(self.opts, configs)]
+        for scheduler in self.scheds[:1]:
+            _checked_schedule(scheduler, spec)
 
     def __call__(self, x: Tensor) -> Tensor:
         return torch.stack([model(x) for model in self.models])
@@ -194,6 +235,16 @@ class LoopedMembers(Members):
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return self.opts
+
+    def schedulers(self) -> list:
+        return self.scheds
+
+    def lr_step(self, metric: Tensor | None = None) -> None:
+        for i, scheduler in enumerate(self.scheds):
+            if isinstance(scheduler, PLATEAU):
+                scheduler.step(float(metric[i]))
+            else:
+                scheduler.step()
 
     def step(self, skip: Tensor | None = None) -> None:
         for i, optimizer in enumerate(self.opts):
@@ -213,11 +264,13 @@ class LoopedMembers(Members):
         twin = copy.copy(self)
         twin.models = copy.deepcopy(self.models, memo)
         twin.opts = [_copy_optimizer(o, memo) for o in self.opts]
+        twin.scheds = copy.deepcopy(self.scheds, memo)
         return twin
 
     def keep(self, positions: Sequence[int]) -> None:
         self.models = [self.models[i] for i in positions]
         self.opts = [self.opts[i] for i in positions]
+        self.scheds = [self.scheds[i] for i in positions] if self.scheds else []
         self.member_ids = [self.member_ids[i] for i in positions]
 
 
@@ -231,11 +284,19 @@ def build_members(spec: TuneSpec, configs: Sequence[Mapping], member_ids: Sequen
         return LoopedMembers(spec, configs, member_ids, scale, device), None
     try:
         return FusedMembers(spec, configs, member_ids, scale, mup, device), None
-    except (FuseError, UnsupportedOptimizer) as error:
+    except (FuseError, UnsupportedOptimizer, UnsupportedSchedule) as error:
         if not spec.fallback_unfused or mup or scale > 1:
             raise type(error)(f"{error}. Or set TuneSpec(fallback_unfused=True) to train these members unfused "
                               f"(full size only)") from error
         return LoopedMembers(spec, configs, member_ids, scale, device), f"{type(error).__name__}: {error}"
+
+
+def _checked_schedule(scheduler, spec: TuneSpec):
+    """``scheduler``, refused when it cannot follow ``spec.lr_scheduler_interval``."""
+    if spec.lr_scheduler_interval is ScheduleInterval.BATCH and isinstance(scheduler, PLATEAU):
+        raise UnsupportedSchedule("ReduceLROnPlateau follows an epoch's validation metric; set "
+                                  "TuneSpec.lr_scheduler_interval='epoch'")
+    return scheduler
 
 
 def _copy_optimizer(optimizer: torch.optim.Optimizer, memo: dict) -> torch.optim.Optimizer:

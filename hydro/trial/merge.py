@@ -39,9 +39,11 @@ def merge_states(states: Sequence[Mapping]) -> dict:
     counts = [count for s in states for count in s["chunks"]]
     modules = {key: torch.cat([m["modules"][0][key] for m in members]) for key in members[0]["modules"][0]}
     optimizer = _merge_optimizer([m["optimizers"][0] for m in members], counts)
+    schedulers = _merge_value("schedulers", [m.get("schedulers", []) for m in members], counts)
     first = states[0]
     return {"member_ids": ids, "chunks": [len(ids)], "max_fusion": len(ids),
-            "members": [{"modules": [modules], "optimizers": [optimizer]}], "epoch": first["epoch"], "step": 0,
+            "members": [{"modules": [modules], "optimizers": [optimizer], "schedulers": schedulers}],
+            "epoch": first["epoch"], "step": 0,
             "loss_sum": None, "seen": 0, "torch_rng": first["torch_rng"], "cuda_rng": first.get("cuda_rng"),
             "scaler": None}
 
@@ -49,13 +51,13 @@ def merge_states(states: Sequence[Mapping]) -> dict:
 def _merge_optimizer(states: Sequence[Mapping], counts: Sequence[int]) -> dict:
     """Per-member optimizer tensors (first dimension = the trial's member count) concatenated; the rest must
     agree."""
-    groups = [[_merge_value(f"param_groups[{g}].{key}", [s["param_groups"][g][key] for s in states], counts)
+    groups = [[_merge_value(f"optimizer param_groups[{g}].{key}", [s["param_groups"][g][key] for s in states], counts)
                for key in states[0]["param_groups"][g]] for g in range(len(states[0]["param_groups"]))]
     param_groups = [dict(zip(states[0]["param_groups"][g], values)) for g, values in enumerate(groups)]
     state = {}
     for index in states[0]["state"]:
         entries = [s["state"][index] for s in states]
-        state[index] = {key: _merge_value(f"state[{index}].{key}", [e[key] for e in entries], counts)
+        state[index] = {key: _merge_value(f"optimizer state[{index}].{key}", [e[key] for e in entries], counts)
                         for key in entries[0]}
     return {"state": state, "param_groups": param_groups}
 
@@ -63,9 +65,13 @@ def _merge_optimizer(states: Sequence[Mapping], counts: Sequence[int]) -> dict:
 def _merge_value(name: str, values: list, counts: Sequence[int]):
     if all(isinstance(v, Tensor) and v.dim() and v.shape[0] == n for v, n in zip(values, counts)):
         return torch.cat(values)
+    if all(isinstance(v, Mapping) for v in values) and all(v.keys() == values[0].keys() for v in values):
+        return {key: _merge_value(f"{name}.{key}", [v[key] for v in values], counts) for key in values[0]}
+    if all(isinstance(v, list) for v in values) and all(len(v) == len(values[0]) for v in values):
+        return [_merge_value(f"{name}[{i}]", [v[i] for v in values], counts) for i in range(len(values[0]))]
     first = values[0]
     same = all(torch.equal(v, first) if isinstance(v, Tensor) else v == first for v in values[1:])
     if not same:
-        raise ValueError(f"merge_states: optimizer {name} differs between the trials and is not per-member; "
+        raise ValueError(f"merge_states: {name} differs between the trials and is not per-member; "
                          f"these trials cannot continue as one")
     return first

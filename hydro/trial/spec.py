@@ -12,6 +12,7 @@ from hydro.checks import check, is_count
 from hydro.trial.data import DataSource, as_source
 from hydro.trial.backend import MemoryFormat, check_cuda_graphs
 from hydro.trial.precision import Precision
+from hydro.trial.schedule import ScheduleInterval
 
 MetricFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -68,6 +69,12 @@ class TuneSpec:
       of ``(input, target)`` samples, or a :class:`~hydro.trial.data.LoaderFactory` (your own ``DataLoader``).
     - ``loss``: a torch loss of one model's output and the targets, reduced to a scalar.
     - ``optimizer(params, config) -> torch.optim.Optimizer``: e.g. ``torch.optim.SGD(params, lr=config["lr"])``.
+    - ``lr_scheduler(optimizer, config) -> torch LR scheduler`` (optional): the schedule of a member's optimizer
+      (as ``optimizer`` built it), e.g. a ``SequentialLR`` of a ``LinearLR`` warm-up and a ``CosineAnnealingLR``;
+      each member follows its own (see :mod:`hydro.trial.schedule` for the supported classes). Do not create
+      it in ``optimizer``. ``ReduceLROnPlateau`` reduces on each member's ``metric`` (``mode`` its own).
+    - ``lr_scheduler_interval``: ``"epoch"`` (step the schedule after every epoch) or ``"batch"`` (after every
+      training batch).
     - ``metrics``: extra validation metrics ``fn(output [N, ...], target) -> scalar`` (``val_loss`` is always
       reported, and ``train_loss``, the mean training loss of the epoch).
     - ``metric``/``mode``: the objective, one of the reported metric names.
@@ -101,6 +108,8 @@ class TuneSpec:
     data: Callable[[], tuple]
     loss: Callable[[Tensor, Tensor], Tensor]
     optimizer: Callable[..., torch.optim.Optimizer]
+    lr_scheduler: Callable[..., object] | None = None
+    lr_scheduler_interval: ScheduleInterval = ScheduleInterval.EPOCH
     metric: str = VAL_LOSS
     mode: str = "min"
     metrics: Mapping[str, MetricFn] = field(default_factory=dict)
@@ -156,6 +165,20 @@ class TuneSpec:
             raise ValueError(f"TuneSpec.metric {self.metric!r} is not reported; the reported metrics are "
                              f"{self.metric_names()} (add it to TuneSpec.metrics)")
         _check_functions(self)
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        if self.lr_scheduler is not None and (isinstance(self.lr_scheduler, type) or not callable(self.lr_scheduler)):
+            name = self.lr_scheduler.__name__ if isinstance(self.lr_scheduler, type) else \
+                type(self.lr_scheduler).__name__
+            raise TypeError(f"TuneSpec.lr_scheduler is called as lr_scheduler(optimizer, config), got {name}. Fix: "
+                            f"lr_scheduler=lambda optimizer, config: torch.optim.lr_scheduler.CosineAnnealingLR("
+                            f"optimizer, T_max=config['epochs'])")
+        try:
+            self.lr_scheduler_interval = ScheduleInterval(self.lr_scheduler_interval)
+        except ValueError as error:
+            raise ValueError(f"TuneSpec.lr_scheduler_interval must be one of {[i.value for i in ScheduleInterval]}, "
+                             f"got {self.lr_scheduler_interval!r}") from error
 
     def _check_backend(self) -> None:
         """``memory_format``, ``tf32``, ``cudnn_benchmark``, ``cuda_graphs`` (see :mod:`hydro.trial.backend`)."""

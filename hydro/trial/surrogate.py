@@ -266,10 +266,11 @@ _TEMPLATES: dict[Hashable, SurrogateTemplate | None] = {}  # per process: (facto
 
 def fused_surrogates(model_factory: Callable[[Mapping], nn.Module], configs: Sequence[Mapping], seeds: Sequence[int],
                      scale: int, shrink_options: Mapping, group: Hashable,
-                     leaf_modules: Sequence[type[nn.Module]] = ()) -> FusedModel | None:
+                     leaf_modules: Sequence[type[nn.Module]] = ()) -> tuple[FusedModel, nn.Module] | None:
     """The µP members of ``configs`` (one group: one architecture) at ``scale > 1``, fused, each bit for bit the
     member ``build_member`` builds after ``torch.manual_seed(seeds[i])`` (torch's RNG is left as after the last
-    one); ``None`` where they must be built the plain way (no usable template). ``group``: the configurations'
+    one), and the template's own member-shaped surrogate (its architecture and parameter names; its values are
+    not any member's); ``None`` where they must be built the plain way (no usable template). ``group``: the configurations'
     group key; a template is made once per (factory, group, scale, options) in this process."""
     key = (model_factory, group, scale, tuple(sorted(shrink_options.items())))
     if key not in _TEMPLATES:
@@ -292,4 +293,4 @@ def fused_surrogates(model_factory: Callable[[Mapping], nn.Module], configs: Seq
                 return None
             for name, tensor in template.member_tensors().items():
                 stacked[name][i].copy_(tensor)
-    return fused
+    return fused, template.recipe.surrogate

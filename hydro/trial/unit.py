@@ -31,6 +31,7 @@ from hydro.trial.members import Members, build_members
 from hydro.trial.memory import MemoryBudget, is_out_of_memory
 from hydro.trial.plan import TrialPlan
 from hydro.trial.precision import MemberLossScaler, Precision, autocast
+from hydro.trial.schedule import ScheduleInterval
 from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS, TuneSpec
 
 __all__ = ["FusedTrial", "Gate", "Observer", "batch_order"]
@@ -107,6 +108,7 @@ class FusedTrial:
         self.batch_size = spec.batch_size_of(configs[ids[0]])
         self.scaler = MemberLossScaler(len(ids), self.device) if spec.precision is Precision.FP16 else None
         self.epoch, self.step = 0, 0
+        self._metric_due, self._train_loss = False, None  # an epoch ended whose metric no schedule has seen yet
         self._loss_sum: Tensor | None = None  # [F], the epoch in progress
         self._seen = 0
         self._batches: Iterator[Batch] | None = None  # the rest of the epoch in progress
@@ -176,6 +178,8 @@ class FusedTrial:
             else:
                 overflowed.append(chunk.unscale_(self.scaler.scale[members]))
                 chunk.step(skip=overflowed[-1])
+            if self.spec.lr_scheduler_interval is ScheduleInterval.BATCH:
+                chunk.lr_step()
             parts.append(losses)
             index, offset = index + 1, members.stop
         if self.scaler is not None:
@@ -249,6 +253,12 @@ class FusedTrial:
                              f"TuneSpec.data() must return a non-empty train split")
         mean = self._loss_sum / self._seen
         self.epoch, self.step, self._loss_sum, self._seen, self._batches = self.epoch + 1, 0, None, 0, None
+        if self.spec.lr_scheduler_interval is ScheduleInterval.EPOCH:
+            for chunk in self.chunks:
+                if not chunk.follows_metric:
+                    chunk.lr_step()
+        self._train_loss = mean  # what ReduceLROnPlateau follows when TuneSpec.metric is train_loss
+        self._metric_due = True  # ReduceLROnPlateau steps on this epoch's evaluation
         return mean
 
     @torch.no_grad()
@@ -271,7 +281,19 @@ class FusedTrial:
                              "a non-empty val split")
         metrics = {name: total / count for name, total in sums.items()}
         self.eval_s += time.perf_counter() - start
+        if self._metric_due:
+            self._step_on_metric(metrics[self.spec.metric] if self.spec.metric in metrics else self._train_loss)
         return metrics
+
+    def _step_on_metric(self, values: Tensor) -> None:
+        """Step the schedules that follow each member's ``TuneSpec.metric`` (``values`` ``[F]``), once per epoch."""
+        self._metric_due = False
+        offset = 0
+        for chunk in self.chunks:
+            count = len(chunk.member_ids)
+            if chunk.follows_metric:
+                chunk.lr_step(values[offset:offset + count])
+            offset += count
 
     def _chunk_metrics(self, chunk: Members, x: Tensor, target: Tensor) -> dict[str, Tensor]:
         """``val_loss`` and ``spec.metrics`` of one chunk's members on one batch, each ``[n]`` float64."""

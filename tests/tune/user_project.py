@@ -41,6 +41,15 @@ WORKLOAD = textwrap.dedent('''
         return workload(optimizer=lambda params, config: torch.optim.RMSprop(params, lr=config["lr"]))
 
 
+    def warmup_cosine():  # Adam with a per-batch linear warm-up (2 batches), then cosine decay
+        spec, space = workload()
+        spec.lr_scheduler = lambda optimizer, config: torch.optim.lr_scheduler.SequentialLR(
+            optimizer, [torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.01, total_iters=2),
+                        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=14)], milestones=[2])
+        spec.lr_scheduler_interval = "batch"
+        return spec, space
+
+
     def diverging():  # SGD takes a NaN learning rate (Adam refuses it): every member's loss is NaN after one step
         return workload(optimizer=lambda params, config: torch.optim.SGD(params, lr=config["lr"]),
                         space={"lr": float("nan")}, metric="val_loss", mode="min")
