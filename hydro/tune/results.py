@@ -12,6 +12,7 @@ import torch
 from ray.tune import Result, ResultGrid
 from torch import nn
 
+from hydro.atomic_write import atomic_write
 from hydro.binder import FusedModel, unfuse
 from hydro.trial.members import build_members
 from hydro.trial.plan import TrialKind, plan_of
@@ -115,11 +116,12 @@ def write_results(results: ResultGrid, spec: TuneSpec, directory: str | None = N
     directory); returns both paths (the JSON's ``None`` when there is no best configuration: no file)."""
     directory = directory or results.experiment_path
     table_path, best_path = os.path.join(directory, MEMBER_TABLE_FILE), os.path.join(directory, BEST_FILE)
-    member_table(results, spec).to_csv(table_path, index=False)
+    with atomic_write(table_path) as f:
+        member_table(results, spec).to_csv(f, index=False)
     best = best_configuration(results, spec)
     if best is None:
         return table_path, None
-    with open(best_path, "w") as f:
+    with atomic_write(best_path) as f:
         json.dump(best, f, indent=2, default=str)
     return table_path, best_path
 
