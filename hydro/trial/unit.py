@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from hydro.loss import trial_losses
+from hydro.loss import LossError, trial_losses
 from hydro.trial.data import EVAL_BATCH, Batch, DataSource, as_source, batch_order
 from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
@@ -261,12 +261,13 @@ class FusedTrial:
         """The chunk's members' losses ``[n]``: ``trial_losses``; when that raises (not out of memory), each
         member's own ``spec.loss``, a member whose loss raises failing alone (NaN, no gradient from it). A loss
         that computes for each member alone but not over fused members (e.g. data-dependent control flow, which
-        ``torch.vmap`` refuses) is computed member by member from then on (logged once); one that does not reduce
-        to a scalar per member raises the fused computation's error."""
+        ``torch.vmap`` refuses) is computed member by member from then on (logged once). A
+        :class:`~hydro.loss.LossError` (arguments no member can compute a loss of), and a loss that does not reduce
+        to a scalar per member, raise."""
         if self.loss_by_member is None:
             try:
                 return trial_losses(self.spec.loss, output, target)
-            except torch.OutOfMemoryError:
+            except (torch.OutOfMemoryError, LossError):
                 raise
             except Exception as error:  # noqa: BLE001 - which member's own loss raises decides
                 fused_error = error

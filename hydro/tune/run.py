@@ -13,10 +13,11 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
+from ray.tune.search.sample import Categorical
 
 from hydro.checks import is_count
 from hydro.energy.tuning import EnergySettings
-from hydro.trial.check import WorkloadError, check_workload, describe
+from hydro.trial.check import WorkloadError, check_any_workload, describe
 from hydro.trial.data import DataSource
 from hydro.trial.spec import TuneSpec
 from hydro.tune.bubble_scheduler import BubbleScheduler
@@ -118,14 +119,39 @@ def prepare(spec: TuneSpec, param_space: dict, *, scale: int | str = 1, seed: in
     if not isinstance(param_space, dict) or not param_space:
         raise WorkloadError(f"hydro: param_space must be a dict of the hyperparameters to tune, e.g. "
                             f"{{'lr': tune.loguniform(1e-4, 1e-1)}}; got {param_space!r}")
+    check_space(param_space)
     data = spec.load_data()
-    check_workload(spec, _checked_config(param_space, seed), AUTO_SCALES[-1] if scale == AUTO else scale, data)
+    draws = RandomSearch(param_space, seed=seed)  # its first draw: _checked_config's
+    configs = (draws.suggest(f"check{i}") for i in range(CHECKED_CONFIGS))
+    passed = check_any_workload(spec, configs, AUTO_SCALES[-1] if scale == AUTO else scale, data)
+    if passed != _checked_config(param_space, seed):
+        logger.warning("hydro: the configuration %s fails numerically in the workload check (it diverges at once; "
+                       "drawn in the run, its members fail alone); %s passed it", _checked_config(param_space, seed),
+                       passed)
     return data
 
 
+CHECKED_CONFIGS = 4  # configurations :func:`prepare` tries when one fails numerically before refusing the space
+
+
 def _checked_config(param_space: dict, seed: int) -> dict:
-    """The configuration :func:`prepare` checks the workload with (and ``fit`` measures ``scale="auto"`` on)."""
+    """The configuration :func:`prepare` checks the workload with first (and ``fit`` measures ``scale="auto"`` on)."""
     return RandomSearch(param_space, seed=seed).suggest("check")
+
+
+def check_space(param_space: Mapping, prefix: str = "") -> None:
+    """Raise ``ValueError`` for a search-space entry no configuration can be drawn from (``tune.choice([])``, an
+    empty ``grid_search``), naming its key."""
+    for key, value in param_space.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Categorical) and not value.categories:
+            raise ValueError(f"hydro: param_space[{name!r}] is tune.choice([]): it has no value to draw; give it at "
+                             f"least one (tune.choice([a, b])) or leave the key out")
+        if isinstance(value, Mapping) and "grid_search" in value and not list(value["grid_search"]):
+            raise ValueError(f"hydro: param_space[{name!r}] is tune.grid_search([]): it has no value to train; give "
+                             f"it at least one or leave the key out")
+        if isinstance(value, Mapping) and "grid_search" not in value:
+            check_space(value, f"{name}.")
 
 
 @contextlib.contextmanager
