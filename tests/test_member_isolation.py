@@ -70,3 +70,11 @@ def test_a_fused_loss_error_that_no_member_raises_alone_stands():
 
     with pytest.raises(ValueError, match="reduce each member's loss to a scalar"):
         trained([HEALTHY, HEALTHY], loss=per_sample)
+
+
+def test_the_workload_check_tries_other_configurations_after_a_numeric_failure(caplog):
+    from hydro.tune.run import prepare
+    from tests.tune.fault_workloads import some_diverging_draws
+
+    prepare(*some_diverging_draws())  # the first draw diverges at once; the fourth trains: the space is not refused
+    assert "{'lr': 1e+30, 'momentum': 0.0} fails numerically in the workload check" in caplog.text
