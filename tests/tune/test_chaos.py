@@ -8,10 +8,12 @@ first trial of a kind" (after its first epoch, before its first checkpoint: ``ch
 again after its retry. Stopping decisions: the search's members stop at the epochs ASHA decides from the results
 of members that reached a rung before them, which depends on the order concurrent trials report in; this run
 trains the search in one fused trial (``max_concurrent_trials=1``), where the order is fixed, and the ladder and
-the target do not stop members early.
+the target do not stop members early. A run that lost its target (no retries allowed) resumes with
+``hydro.tune.resume`` to the same answer.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -20,8 +22,8 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from hydro.trial.plan import TrialKind, plan_of
-from hydro.tune.results import best_configuration, member_table
-from hydro.tune.run import fit
+from hydro.tune.results import BEST_FILE, best_configuration, member_table
+from hydro.tune.run import fit, resume
 from tests.digits import mlp
 from tests.tune.workload import SPACE, spec
 
@@ -72,3 +74,29 @@ def test_killed_workers_leave_the_answer_and_the_target_as_undisturbed(undisturb
     columns = ["member", "kind", "epochs", "stop_epoch", "val_acc", "error"]
     ordered = [t.sort_values("member")[columns].reset_index(drop=True) for t in (table, expected_table)]
     assert ordered[0].equals(ordered[1])  # every member: the same epochs, stops and results, none failed
+
+
+class KillTargetOnce(tune.Callback):
+    """SIGKILLs the target's worker at its first result, once across processes and restores (a marker file): Tune
+    restores the run's callbacks with it."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if plan_of(trial.config).kind == TrialKind.TARGET and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(result["pid"], signal.SIGKILL)
+
+
+def test_a_run_that_lost_its_target_resumes_to_the_undisturbed_answer(undisturbed, tmp_path):
+    results, _ = fit(WORKLOAD, SPACE, num_samples=8, scale=4, fusion=8, seed=3, max_concurrent_trials=1,
+                     scheduler=ASHAScheduler(max_t=3, grace_period=1, reduction_factor=2), max_failures=0,
+                     storage_path=str(tmp_path), name="lost", verbose=0,
+                     callbacks=[KillTargetOnce(str(tmp_path / "killed"))])
+    assert best_configuration(results, WORKLOAD)["kind"] == TrialKind.SURROGATE  # no retry allowed: no target
+    results, _ = resume(results.experiment_path, WORKLOAD)
+    best, expected = best_configuration(results, WORKLOAD), undisturbed[0]
+    assert best["kind"] == TrialKind.TARGET and (best["config"], best["value"]) == (expected["config"], expected["value"])
+    written = json.loads((tmp_path / "lost" / BEST_FILE).read_text())
+    assert written["kind"] == "target" and written["value"] == expected["value"]

@@ -1,0 +1,33 @@
+"""``hydro tune``'s fault handling without a run: a run that ends without its full-size target exits 1 with one
+line saying so (unless --no-target asked for none); the flags parse."""
+from __future__ import annotations
+
+import pytest
+
+from hydro.cli import build_parser
+from hydro.tune import cli
+
+
+def parsed(*argv):
+    return build_parser().parse_args(["tune", "--example", "digits-mlp", *argv])
+
+
+@pytest.mark.parametrize("kind, argv, code", [("target", [], 0), ("surrogate", [], 1),
+                                              ("surrogate", ["--no-target"], 0)])
+def test_a_run_without_its_target_exits_1_unless_none_was_asked_for(kind, argv, code, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "best_configuration", lambda results, spec: {"kind": kind})
+    results = type("Results", (), {"experiment_path": "/runs/digits"})()
+    assert cli._target_missing(results, None, parsed(*argv)) == code
+    err = capsys.readouterr().err.strip()
+    if code:
+        assert err.startswith("hydro tune: the run ended without its full-size target: the configuration above is "
+                              "a surrogate's") and len(err.splitlines()) == 1
+        assert "hydro tune --example digits-mlp --resume /runs/digits" in err
+    else:
+        assert err == ""
+
+
+def test_fault_flags_parse():
+    args = parsed("--max-failures", "3", "--resume", "/runs/x", "--no-target")
+    assert (args.max_failures, args.resume, args.no_target) == (3, "/runs/x", True)
+    assert parsed().max_failures == 1 and not parsed().no_target
