@@ -31,3 +31,25 @@ def test_fault_flags_parse():
     args = parsed("--max-failures", "3", "--resume", "/runs/x", "--no-target")
     assert (args.max_failures, args.resume, args.no_target) == (3, "/runs/x", True)
     assert parsed().max_failures == 1 and not parsed().no_target
+
+
+def test_joining_a_cluster_without_authentication_warns_and_a_refused_join_is_one_line(monkeypatch, caplog):
+    import ray
+    from ray._private.authentication import authentication_token_setup, authentication_utils
+
+    from hydro.cli import UsageError
+
+    def refused(address=None, **kwargs):
+        raise ConnectionError("Could not read 'session_name' from GCS\nafter 28 s of retries\n...")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(cli, "_reachable", lambda address: None)
+    monkeypatch.setattr(authentication_token_setup, "maybe_enable_token_auth_if_token_available", lambda **kw: False)
+    monkeypatch.setattr(authentication_utils, "is_token_auth_enabled", lambda: False)
+    monkeypatch.setattr(ray, "init", refused)
+    with caplog.at_level("WARNING", "hydro.tune.cli"), pytest.raises(UsageError) as error:
+        cli.connect("10.0.0.5:6379")
+    assert "joining the Ray cluster at 10.0.0.5:6379 without authentication" in caplog.text
+    assert str(error.value) == ("hydro tune: could not join the Ray cluster at 10.0.0.5:6379 (ConnectionError: Could "
+                                "not read 'session_name' from GCS); if it uses token authentication, put its token in "
+                                "~/.ray/auth_token or $RAY_AUTH_TOKEN")
