@@ -139,7 +139,10 @@ class HydroSearcher(Searcher):
     measures with as many. ``trial_resources``: one trial's Ray resources as its trainable asks for them
     (``{"CPU": 1, "GPU": 0.5}``; ``fit`` passes them): the search's fused trials then hold at most an even share of
     ``num_samples`` per trial that trains at once, so that every slot trains (default: unknown until the first
-    trials report theirs; the ladder's rungs use those).
+    trials report theirs; the ladder's rungs use those). ``lost_trial_retries``: fresh trials a trial gets when Tune
+    gave up on it (its worker, node or storage lost more often than ``FailureConfig(max_failures)`` allows): the same
+    members and configuration trained again from the start, so that no stage goes on without them (``fit`` sets it
+    to its ``max_failures``).
     """
 
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int | str = 1,
