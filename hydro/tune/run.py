@@ -230,7 +230,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     ``HydroSearcher``). ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
     ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
     ``probe_margin``, ``fallback_targets``). Raises ``ValueError`` (or ``TypeError``) before Ray starts for
-    arguments that cannot work (:func:`check_arguments`, :func:`prepare`, ``HydroSearcher``'s own checks), and when
+    arguments that cannot work (:func:`check_arguments`, :func:`check_storage`, :func:`prepare`, ``HydroSearcher``'s own
+    checks), and when
     no node of a cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a
     warning); raises :class:`TuningFailed` (after writing the member table) when no member ends with a finite
     objective."""
