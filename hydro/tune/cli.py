@@ -269,15 +269,15 @@ def run(args: argparse.Namespace) -> int:
               f"(hydro.tune.load_model(result, spec) returns it as your model)")
     print(f"written: {os.path.join(results.experiment_path, MEMBER_TABLE_FILE)}, "
           f"{os.path.join(results.experiment_path, BEST_FILE)}")
-    return _target_missing(results, spec, args)
+    return _target_missing(results, spec, args, with_target=searcher.transfer.fraction is not None)
 
 
-def _target_missing(results, spec: TuneSpec, args: argparse.Namespace) -> int:
-    """0, or 1 after one line on stderr when the run should have trained its full-size target and did not (its
-    trials were lost more often than --max-failures allows, or the target failed): the answer printed is then a
-    surrogate's."""
+def _target_missing(results, spec: TuneSpec, args: argparse.Namespace, with_target: bool) -> int:
+    """0, or 1 after one line on stderr when the run should have trained its full-size target (``with_target``: it
+    has transfer stages, no --no-target) and did not (its trials were lost more often than --max-failures allows,
+    or the target failed): the answer printed is then a surrogate's."""
     best = best_configuration(results, spec)
-    if args.no_target or best is None or best["kind"] == TrialKind.TARGET:
+    if not with_target or best is None or best["kind"] == TrialKind.TARGET:
         return 0
     print(f"\nhydro tune: the run ended without its full-size target: the configuration above is a {best['kind']}'s, "
           f"not checked at full size (see the warnings above); go on with it: hydro tune "

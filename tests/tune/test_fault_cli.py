@@ -12,12 +12,12 @@ def parsed(*argv):
     return build_parser().parse_args(["tune", "--example", "digits-mlp", *argv])
 
 
-@pytest.mark.parametrize("kind, argv, code", [("target", [], 0), ("surrogate", [], 1),
-                                              ("surrogate", ["--no-target"], 0)])
-def test_a_run_without_its_target_exits_1_unless_none_was_asked_for(kind, argv, code, monkeypatch, capsys):
+@pytest.mark.parametrize("kind, with_target, code", [("target", True, 0), ("surrogate", True, 1),
+                                                     ("surrogate", False, 0)])
+def test_a_run_without_its_target_exits_1_unless_none_was_asked_for(kind, with_target, code, monkeypatch, capsys):
     monkeypatch.setattr(cli, "best_configuration", lambda results, spec: {"kind": kind})
     results = type("Results", (), {"experiment_path": "/runs/digits"})()
-    assert cli._target_missing(results, None, parsed(*argv)) == code
+    assert cli._target_missing(results, None, parsed(), with_target) == code
     err = capsys.readouterr().err.strip()
     if code:
         assert err.startswith("hydro tune: the run ended without its full-size target: the configuration above is "
