@@ -28,9 +28,18 @@ def trial_losses(loss_fn: Callable[..., Tensor], output: Tensor, target: Tensor,
         return _cross_entropy(loss_fn, output, target)
     losses = torch.vmap(loss_fn, in_dims=(0, 0 if target_fused else None), randomness="different")(output, target)
     if losses.dim() != 1:
-        raise ValueError(f"loss_fn must reduce each member's loss to a scalar (reduction='mean' or 'sum'); it "
+        raise LossError(f"loss_fn must reduce each member's loss to a scalar (reduction='mean' or 'sum'); it "
                          f"returned shape {tuple(losses.shape[1:])} per member")
     return losses
+
+
+class LossError(ValueError):
+    """The loss cannot give one loss per member for these arguments (whichever member computes it)."""
+
+
+# Torch losses that pair output and target element by element and broadcast (with only a warning) when their shapes
+# differ, e.g. MSELoss on [N, 1] against [N]: the mean over [N, N] pairs.
+ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
 
 
 def _check_arguments(loss_fn, output, target, target_fused: bool) -> None:
@@ -51,8 +60,15 @@ def _check_arguments(loss_fn, output, target, target_fused: bool) -> None:
         paired = output.dim() >= 2 and output.shape[1] == target.shape[0]
         expected = "the fused model's output [F, N, ...] and the members' shared target [N, ...]"
     if not paired:
-        raise ValueError(f"hydro.trial_losses: output {tuple(output.shape)} and target {tuple(target.shape)} do not "
+        raise LossError(f"hydro.trial_losses: output {tuple(output.shape)} and target {tuple(target.shape)} do not "
                          f"pair up; expected {expected}")
+    member = output.shape[1:] if not target_fused else output.shape
+    if isinstance(loss_fn, ELEMENTWISE) and member != target.shape:
+        raise LossError(f"hydro.trial_losses: {type(loss_fn).__name__} pairs each member's output "
+                         f"{tuple(member)} with the target {tuple(target.shape)} element by element; torch would "
+                         f"broadcast them to {tuple(torch.broadcast_shapes(member, target.shape))} and average the "
+                         f"wrong pairs. Give them one shape (e.g. the model's output .squeeze(-1), or targets "
+                         f"[N, 1] in TuneSpec.data())")
 
 
 def _cross_entropy(loss_fn: nn.CrossEntropyLoss, output: Tensor, target: Tensor) -> Tensor:

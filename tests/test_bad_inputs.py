@@ -39,9 +39,11 @@ from hydro.tune.energy_scheduler import EnergyScheduler, for_hydro
 from hydro.tune.pipeline_job import PipelineJob
 from hydro.tune.run import check_arguments, fit, prepare
 from schedulers.member_stopping import ASHA, ConvergenceStopping
+from tests.tune import fault_workloads as FAULTS
 from tests.tune.workload import SPACE, spec
 
 REPO = Path(__file__).resolve().parents[1]
+FAULT_WORKLOADS = REPO / "tests" / "tune" / "fault_workloads.py"
 OWN_CODE = (str(REPO / "hydro"), str(REPO / "schedulers"))
 INTERNAL = (AssertionError, AttributeError, IndexError, KeyError, StopIteration, ZeroDivisionError)
 
@@ -457,6 +459,27 @@ CASES = [
          "ReduceLROnPlateau: factor must be < 1 for every member, got [0.5, 1.5, 0.5]"),
     case("lambda-lr-wrong-count", lambda: sched.LambdaLR(sgd(), [lambda s: 1.0] * 2), ValueError,
          "LambdaLR: lr_lambdas must be a function, 3 functions (one per member)"),
+    # faults during a run
+    case("choice-empty", lambda: prepare(spec(), {**SPACE, "momentum": ray.tune.choice([])}), ValueError,  # fixed
+         "param_space['momentum'] is tune.choice([]): it has no value to draw"),
+    case("grid-search-empty", lambda: prepare(spec(), {**SPACE, "momentum": ray.tune.grid_search([])}),  # fixed
+         ValueError, "param_space['momentum'] is tune.grid_search([]): it has no value to train"),
+    case("nan-in-training-data", lambda: prepare(*FAULTS.nan_data()), WorkloadError,  # fixed
+         "the training data's inputs hold 1 NaN or inf value(s)"),
+    case("loss-broadcasts-output-n1-target-n", lambda: hydro.trial_losses(  # fixed
+        nn.MSELoss(), torch.zeros(2, 8, 1), torch.zeros(8)), ValueError,
+         "MSELoss pairs each member's output (8, 1) with the target (8,) element by element; torch would broadcast"),
+    case("workload-loss-broadcasts", lambda: prepare(*FAULTS.mse_broadcast()), WorkloadError,  # fixed
+         "torch would broadcast them to (32, 32)"),
+    case("every-draw-diverges", lambda: prepare(*FAULTS.diverging_draws()), WorkloadError,
+         "ValueError: Input contains NaN, infinity"),
+    case("storage-not-writable", lambda: (Path("a-file").write_text(""),  # fixed
+                                          fit(spec(), SPACE, num_samples=2, storage_path="a-file/runs")),
+         ValueError, "a-file/runs is not a folder Hydro can write to (NotADirectoryError"),
+    case("resume-no-run", lambda: hydro.tune.run.resume("nowhere", spec()), ValueError,
+         "nowhere holds no run to resume (no tuner.pkl)"),
+    case("searcher-lost-trial-retries-negative", lambda: searcher(lost_trial_retries=-1), ValueError,
+         "lost_trial_retries must be an int >= 0, got -1"),
 ]
 
 
@@ -561,6 +584,19 @@ CLI_CASES = [  # argparse's own errors first, then Hydro's (one line, exit code 
     case("scale-divides-no-width", tune("--scale", "3"), "hydro",  # fixed
          "hydro tune: hydro.shrink: at scale 3, MLP has no width left to shrink (512 is not divisible by scale 3). "
          "Fix: a scale that divides its widths (2, 4, 8, 16), or full size (scale=1; hydro tune --scale 1)"),
+    # faults during a run
+    case("max-failures-negative", tune("--max-failures", "-1"), "argparse",
+         "argument --max-failures: must be >= 0, got -1"),
+    case("storage-not-writable", tune("--storage", "{dir}/workload.py/runs"), "hydro",  # fixed
+         "hydro tune: hydro: the storage path {dir}/workload.py/runs is not a folder Hydro can write to"),
+    case("resume-no-run", tune("--resume", "{dir}/traces"), "hydro",
+         "hydro tune: hydro: {dir}/traces holds no run to resume (no tuner.pkl)"),
+    case("workload-choice-empty", ["tune", "--workload", f"{FAULT_WORKLOADS}:empty_choice"], "hydro",  # fixed
+         "hydro tune: hydro: param_space['momentum'] is tune.choice([]): it has no value to draw"),
+    case("workload-nan-in-data", ["tune", "--workload", f"{FAULT_WORKLOADS}:nan_data"], "hydro",  # fixed
+         "hydro tune: hydro: the training data's inputs hold 1 NaN or inf value(s)"),
+    case("workload-loss-broadcasts", ["tune", "--workload", f"{FAULT_WORKLOADS}:mse_broadcast"], "hydro",  # fixed
+         "MSELoss pairs each member's output (32, 1) with the target (32,) element by element"),
 ]
 
 

@@ -4,7 +4,9 @@ with one message, and a bad member cannot take its siblings down with it."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import re
+import warnings
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -13,7 +15,7 @@ from hydro.optim.dynamo_guard import optimizers_unguarded
 from hydro.shrink.errors import ShrinkError
 from hydro.trial.optimizer import UnsupportedOptimizer
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
-from hydro.trial.data import DataSource
+from hydro.trial.data import DataSource, TensorSource
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 
@@ -21,8 +23,18 @@ from hydro.trial.unit import FusedTrial
 CONFIG_ERRORS = (FuseError, ShrinkError, UnsupportedOptimizer, KeyError, TypeError, ValueError)
 
 
+# What a numeric failure of one configuration says (its training overflowed, its outputs are NaN or inf): another
+# configuration of the same space may train.
+NUMERIC = re.compile(r"\b(nan|inf|infinity|infinite|finite|overflow)\b", re.IGNORECASE)
+
+
 class WorkloadError(ValueError):
-    """The workload cannot be tuned as given (raised in the driver, before any trial starts)."""
+    """The workload cannot be tuned as given (raised in the driver, before any trial starts). ``numeric``: the
+    configuration it was checked with failed numerically (another one may train)."""
+
+    def __init__(self, message: str, numeric: bool = False) -> None:
+        super().__init__(message)
+        self.numeric = numeric
 
 
 def describe(error: BaseException) -> str:
@@ -52,20 +64,60 @@ def check_member(spec: TuneSpec, config: Mapping) -> str | None:
 def check_workload(spec: TuneSpec, config: Mapping, scale: int, data: tuple[DataSource, DataSource]) -> None:
     """Build two fused members of ``config`` as a run at ``scale`` trains them (shrunk when ``scale > 1``, the
     optimizer translated) and the full-size target, and train each one batch and evaluate it on one batch of
-    ``data``, on the CPU (a CUDA-only option, ``cuda_graphs``, is left to the trials). Raises
-    :class:`WorkloadError` naming the step that failed."""
+    ``data``, on the CPU (a CUDA-only option, ``cuda_graphs``, is left to the trials); torch's warning that a loss
+    broadcasts its input and target of different shapes is an error here. Raises :class:`WorkloadError` naming the
+    step that failed (``numeric`` when it failed on NaN or inf values or an overflow)."""
+    check_finite(data)
     size = spec.batch_size_of(config)
     cpu_spec = dataclasses.replace(spec, cuda_graphs=False)  # CUDA graphs: left to the trials, on their GPUs
     small = (data[0].sample(size), data[1].sample(size))
     surrogate = TrialPlan(TrialKind.SURROGATE, [("check0", dict(config)), ("check1", dict(config))], scale, scale > 1)
     target = TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, dict(config))], 1, scale > 1)
     for what, plan in [(f"two fused members at scale {scale}", surrogate), ("the full-size target", target)]:
+        losses = None
         try:
-            trial = FusedTrial(cpu_spec, plan, small, device="cpu")  # the driver's GPU is not the trials' to take
-            trial.train_step()
-            trial.evaluate()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("error", message="Using a target size", category=UserWarning)
+                trial = FusedTrial(cpu_spec, plan, small, device="cpu")  # the driver's GPU is not the trials' to take
+                losses = trial.train_step()
+                trial.evaluate()
         except ShrinkError as error:  # the model cannot be shrunk at this scale: its cause and fix first
             raise WorkloadError(f"{error} (building {what} of the configuration {dict(config)})") from error
         except Exception as error:
+            numeric = bool(NUMERIC.search(str(error))) or isinstance(error, (FloatingPointError, OverflowError)) \
+                or (losses is not None and not bool(torch.isfinite(losses).all()))
             raise WorkloadError(f"hydro: the workload fails before tuning starts, training {what} one batch with "
-                                f"the configuration {dict(config)}: {describe(error)}") from error
+                                f"the configuration {dict(config)}: {describe(error)}", numeric) from error
+
+
+def check_any_workload(spec: TuneSpec, configs: Sequence[Mapping], scale: int,
+                       data: tuple[DataSource, DataSource]) -> Mapping:
+    """:func:`check_workload` with the first of ``configs`` (configurations of the space to tune) that passes: a
+    configuration that fails numerically (it diverges at once: its members will fail alone in the run) is
+    followed by the next one. Returns the configuration that passed; raises the first :class:`WorkloadError` when
+    none does, or at once when the failure is not numeric (the workload itself fails)."""
+    first = None
+    for config in configs:
+        try:
+            check_workload(spec, config, scale, data)
+            return config
+        except WorkloadError as error:
+            if not error.numeric:
+                raise
+            first = first or error
+    raise first
+
+
+def check_finite(data: tuple[DataSource, DataSource]) -> None:
+    """Raise :class:`WorkloadError` when the in-memory (tensor) training or validation data holds NaN or inf: every
+    member trained on it would diverge (other sources are not read whole here)."""
+    for name, split in zip(("training", "validation"), data):
+        if not isinstance(split, TensorSource):
+            continue
+        for part, values in (("inputs", split.x), ("targets", split.y)):
+            if values.is_floating_point() or values.is_complex():
+                bad = int((~torch.isfinite(values)).sum())
+                if bad:
+                    raise WorkloadError(f"hydro: the {name} data's {part} hold {bad} NaN or inf value(s) "
+                                        f"(TuneSpec.data()): every member trained on them diverges; clean or drop "
+                                        f"them (e.g. torch.nan_to_num, or a mask on torch.isfinite)")

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from hydro.loss import loss_on, trial_losses
+from hydro.loss import LossError, loss_on, trial_losses
 from hydro.trial.backend import batch_in, check_cuda_graphs, set_backend_flags, to_memory_format
 from hydro.trial.data import Batch, DataSource, as_source, batch_order, eval_batch_size
 from hydro.trial.device import resolve_device
@@ -77,6 +77,9 @@ class FusedTrial:
     back to unfused training (``TuneSpec.fallback_unfused``), else ``None``. ``data_wait_s``/``train_s``/``eval_s``:
     seconds spent waiting for training batches / in training steps (the wait included) / evaluating;
     ``data_setup_s``/``build_s``: seconds the splits took to be ready on the device / the members to be built.
+    ``member_errors``: members whose own loss or metric raised (member id -> ``Type: message``): each fails alone,
+    as a diverged member does (every value of it NaN from that epoch on, no gradient from the raising loss), while
+    its siblings train on; when every member of the trial has failed so, the error is raised.
     """
 
     def __init__(self, spec: TuneSpec, plan: TrialPlan, data: tuple, *, member_ids: Sequence[str] | None = None,
@@ -113,6 +116,8 @@ class FusedTrial:
         self._seen = 0
         self._batches: Iterator[Batch] | None = None  # the rest of the epoch in progress
         self.data_wait_s = self.train_s = self.eval_s = 0.0
+        self.member_errors: dict[str, str] = {}
+        self.loss_by_member: str | None = None  # why the loss is computed member by member (not fused), if it is
         self.gates, self.observers = list(gates), list(observers)
         for gate in self.gates:
             gate.attach(self)
@@ -199,7 +204,7 @@ class FusedTrial:
         chunk.zero_grad()
         with self.budget.watch(chunk.modules(), chunk.optimizers()):
             with autocast(self.device, self.spec.precision):
-                losses = trial_losses(self.loss, chunk(x), y)  # [n]
+                losses = self._losses(chunk, chunk(x), y)  # [n]
             if self.scaler is None:
                 losses.sum().backward()  # member i's gradient is exactly that of its own loss
             else:
@@ -299,14 +304,65 @@ class FusedTrial:
         """``val_loss`` and ``spec.metrics`` of one chunk's members on one batch, each ``[n]`` float64."""
         with autocast(self.device, self.spec.precision):
             output = chunk(x)  # [n, N, ...]
-            values = {VAL_LOSS: trial_losses(self.loss, output, target).double()}
+            values = {VAL_LOSS: self._losses(chunk, output, target).double()}
         for name, fn in self.spec.metrics.items():
-            values[name] = torch.stack([torch.as_tensor(fn(out, target), dtype=torch.float64) for out in output])
+            values[name] = torch.stack([torch.as_tensor(torch.nan if value is None else value, dtype=torch.float64,
+                                                        device=output.device)
+                                        for value in self._member_values(chunk, name, fn, output, target)])
+        return values
+
+    def _losses(self, chunk: Members, output: Tensor, target: Tensor) -> Tensor:
+        """The chunk's members' losses ``[n]``: ``trial_losses``; when that raises (not out of memory), each
+        member's own ``spec.loss``, a member whose loss raises failing alone (NaN, no gradient from it). A loss
+        that computes for each member alone but not over fused members (e.g. data-dependent control flow, which
+        ``torch.vmap`` refuses) is computed member by member from then on (logged once). A
+        :class:`~hydro.loss.LossError` (arguments no member can compute a loss of), and a loss that does not reduce
+        to a scalar per member, raise."""
+        if self.loss_by_member is None:
+            try:
+                return trial_losses(self.loss, output, target)
+            except (torch.OutOfMemoryError, LossError):
+                raise
+            except Exception as error:  # noqa: BLE001 - which member's own loss raises decides
+                fused_error = error
+        losses = self._member_values(chunk, "loss", self.loss, output, target)
+        computed = [loss for loss in losses if loss is not None]
+        if self.loss_by_member is None:
+            if any(not isinstance(loss, Tensor) or loss.dim() for loss in computed):
+                raise fused_error
+            if len(computed) == len(losses):
+                self.loss_by_member = f"{type(fused_error).__name__}: {str(fused_error).splitlines()[0]}"
+                logger.warning("the loss cannot be computed over fused members (%s); computing it member by member",
+                               self.loss_by_member)
+        return torch.stack([(out.sum() * 0).to(computed[0].dtype) + torch.nan if loss is None else loss
+                            for loss, out in zip(losses, output)])
+
+    def _member_values(self, chunk: Members, what: str, fn, output: Tensor, target: Tensor) -> list:
+        """``fn(output[i], target)`` of each of the chunk's members, ``None`` where it raised (not out of memory):
+        that member fails (:attr:`member_errors`, logged once). Raises the error when every member of the trial
+        has failed."""
+        values = []
+        for member, out in zip(chunk.member_ids, output):
+            try:
+                values.append(fn(out, target))
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the member's own error fails it alone
+                if member not in self.member_errors:
+                    self.member_errors[member] = f"{type(error).__name__}: {error}"
+                    logger.warning("member %s failed: its %s raised %s; it goes on as a diverged member (NaN), its "
+                                   "siblings train on", member, what, self.member_errors[member])
+                if all(m in self.member_errors for m in self.member_ids):
+                    raise
+                values.append(None)
         return values
 
     def run_epoch(self) -> dict[str, Tensor]:
         """Train the rest of the epoch and evaluate: ``train_loss`` and the validation metrics, each ``[F]``."""
         metrics = {TRAIN_LOSS: self.train_epoch(), **self.evaluate()}
+        failed = [i for i, member in enumerate(self.member_ids) if member in self.member_errors]
+        for values in metrics.values():
+            values[failed] = torch.nan
         for observer in self.observers:
             observer.on_epoch_end(self, metrics)
         return metrics

@@ -4,17 +4,18 @@ transfer to the full-size target, per-member results.
 ``TuneSpec`` (the workload in plain torch), ``trainable(spec)`` (the function trainable), ``HydroSearcher``
 (the ``search_alg``), ``MemberSession`` (per-member reporting from a custom training loop),
 ``member_table``/``best_configuration``/``write_results`` (results), ``load_model`` (the trained full-size
-model as the user's module), ``fit`` (all of it in one call), ``MemberProgress`` (progress in members) and
+model as the user's module), ``fit`` (all of it in one call), ``resume`` (go on with an interrupted ``fit`` run, on
+the same loopback-only local cluster), ``MemberProgress`` (progress in members) and
 ``KeepResultsOnRetry`` (a retried trial keeps the results it logged; ``fit`` adds it).
 """
 from hydro.tune.progress import MemberProgress
 from hydro.tune.retry_logs import KeepResultsOnRetry
 from hydro.tune.results import best_configuration, load_model, member_table, write_results
-from hydro.tune.run import TuningFailed, fit
+from hydro.tune.run import TuningFailed, fit, resume
 from hydro.tune.searcher import HydroSearcher
 from hydro.tune.session import MemberSession
 from hydro.trial.spec import TuneSpec, accuracy
 from hydro.tune.trainable import trainable
 
 __all__ = ["HydroSearcher", "KeepResultsOnRetry", "MemberProgress", "MemberSession", "TuneSpec", "TuningFailed", "accuracy",
-           "best_configuration", "fit", "load_model", "member_table", "trainable", "write_results"]
+           "best_configuration", "fit", "load_model", "member_table", "resume", "trainable", "write_results"]

@@ -6,13 +6,13 @@ import argparse
 import dataclasses
 import importlib
 import importlib.util
+import logging
 import os
 import socket
 import sys
 import sysconfig
 import time
 import traceback
-from collections.abc import Mapping
 
 import pandas as pd
 
@@ -22,12 +22,14 @@ from hydro.tune.examples import EXAMPLES
 from hydro.trial.check import describe
 from hydro.trial.spec import TuneSpec
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table, target_result
-from hydro.tune.run import TuningFailed, asha, check_arguments, fit, optuna_tpe, prepare
+from hydro.trial.plan import TrialKind
+from hydro.tune.run import (PACKAGE_ROOT, TuningFailed, asha, check_arguments, check_run_dir, check_storage, fit,
+                            optuna_tpe, prepare, resume, start_local_cluster)
 from hydro.tune.trainable import require_resources, trial_resources
 from schedulers.scale_choice import AUTO, checked_scale
 from schedulers.transfer import STAGE_OPTIONS, Disagreement, TransferPolicy
 
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+logger = logging.getLogger(__name__)
 
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
@@ -70,6 +72,15 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                         help="GPUs per trial: 1, or a fraction to share a card (a fused trial trains on one GPU); "
                              "trials train on the GPU Ray gives them, one trial slot per card")
     parser.add_argument("--storage", default=os.path.expanduser("~/hydro_results"), help="run directory root")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="go on with the interrupted run in RUN_DIR (<storage>/<name>) with the same --example or "
+                             "--workload and trial options: its finished trials are kept, its lost ones retried")
+    parser.add_argument("--max-failures", type=at_least(0), default=1,
+                        help="retries of a trial whose worker, node or storage was lost: from its last checkpoint, "
+                             "then as many fresh trials of its members")
+    parser.add_argument("--no-target", action="store_true",
+                        help="search only: no transfer stages and no full-size target; the best surrogate's "
+                             "configuration is the answer (without it, a run that ends without its target exits 1)")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
     _add_transfer_arguments(parser)
@@ -215,8 +226,12 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:  # before Ray starts
         check_arguments(spec, space, energy=energy, bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
-        TransferPolicy(args.transfer_fraction, args.samples, spec.metric, spec.mode, scale=checked_scale(args.scale),
-                       **transfer_options(args))  # refuses transfer options that cannot act (e.g. at --scale 1)
+        TransferPolicy(None if args.no_target else args.transfer_fraction, args.samples, spec.metric, spec.mode,
+                       scale=checked_scale(args.scale), **transfer_options(args))  # refuses transfer options that
+        if args.resume:                                                            # cannot act (e.g. at --scale 1)
+            check_run_dir(args.resume)
+        else:
+            check_storage(args.storage)
         data = prepare(spec, space, scale=args.scale, seed=args.seed)
     except ValueError as error:  # a WorkloadError too
         raise UsageError(f"hydro tune: {error}") from None
@@ -226,12 +241,18 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise UsageError(f"hydro tune: {error}") from None
     try:
-        results, searcher = fit(spec, space, num_samples=args.samples, scale=args.scale, fusion=args.fusion,
-                         scheduler=asha(spec) if args.scheduler == "asha" else None,
-                         searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
-                         transfer_fraction=args.transfer_fraction, storage_path=args.storage, name=args.name,
-                         seed=args.seed, data=data, energy=energy,
-                         bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial, **transfer_options(args))
+        if args.resume:
+            results, searcher = resume(args.resume, spec, data=data, energy=energy, bubbles=args.bubbles,
+                                       gpus_per_trial=args.gpus_per_trial,
+                                       plan_fusion=args.fusion == AUTO and args.gpus_per_trial > 0)
+        else:
+            results, searcher = fit(spec, space, num_samples=args.samples, scale=args.scale, fusion=args.fusion,
+                             scheduler=asha(spec) if args.scheduler == "asha" else None,
+                             searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
+                             transfer_fraction=None if args.no_target else args.transfer_fraction,
+                             storage_path=args.storage, name=args.name, max_failures=args.max_failures,
+                             seed=args.seed, data=data, energy=energy,
+                             bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial, **transfer_options(args))
     except TuningFailed as failed:
         _print_members(failed.results, spec)
         print(f"\nhydro tune: {failed}\nwritten: {os.path.join(failed.results.experiment_path, MEMBER_TABLE_FILE)}",
@@ -249,7 +270,22 @@ def run(args: argparse.Namespace) -> int:
               f"(hydro.tune.load_model(result, spec) returns it as your model)")
     print(f"written: {os.path.join(results.experiment_path, MEMBER_TABLE_FILE)}, "
           f"{os.path.join(results.experiment_path, BEST_FILE)}")
-    return 0
+    return _target_missing(results, spec, args, with_target=searcher.transfer.fraction is not None)
+
+
+def _target_missing(results, spec: TuneSpec, args: argparse.Namespace, with_target: bool) -> int:
+    """0, or 1 after one line on stderr when the run should have trained its full-size target (``with_target``: it
+    has transfer stages, no --no-target) and did not (its trials were lost more often than --max-failures allows,
+    or the target failed): the answer printed is then a surrogate's."""
+    best = best_configuration(results, spec)
+    if not with_target or best is None or best["kind"] == TrialKind.TARGET:
+        return 0
+    print(f"\nhydro tune: the run ended without its full-size target: the configuration above is a {best['kind']}'s, "
+          f"not checked at full size (see the warnings above); go on with it: hydro tune "
+          f"{'--example ' + args.example if args.example else '--workload ' + args.workload} --resume "
+          f"{results.experiment_path} (with --max-failures higher), or ask for no target (--no-target)",
+          file=sys.stderr)
+    return 1
 
 
 def connect(address: str | None) -> bool:
@@ -264,22 +300,25 @@ def connect(address: str | None) -> bool:
     if address or os.environ.get("RAY_ADDRESS"):
         # As `ray start` does: RAY_AUTH_MODE unset and a token on this machine -> token authentication.
         from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
 
-        _reachable(address or os.environ["RAY_ADDRESS"])
+        where = address or os.environ["RAY_ADDRESS"]
+        _reachable(where)
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-        ray.init(address=address)
-    else:
-        _loopback_only()
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
-        return True
-    return False
-
-
-def worker_pythonpath(root: str = PACKAGE_ROOT, environ: Mapping[str, str] = os.environ) -> str:
-    """``PYTHONPATH`` for the workers of an embedded cluster: ``root`` (so they import this Hydro), then the
-    driver's own entries. A runtime env's ``env_vars`` replace a variable rather than extend it, so passing
-    ``root`` alone would hide the user's modules (and any packages installed there) from the trials."""
-    return os.pathsep.join([root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
+        if not is_token_auth_enabled():
+            logger.warning("hydro tune: joining the Ray cluster at %s without authentication: anyone who can reach "
+                           "its ports can run code on it; start it with token authentication (RAY_AUTH_MODE=token "
+                           "ray start --head ...; its token in ~/.ray/auth_token here) or bind it to 127.0.0.1", where)
+        try:
+            ray.init(address=address)
+        except (ConnectionError, RuntimeError) as error:
+            lines = str(error).strip().splitlines()
+            raise UsageError(f"hydro tune: could not join the Ray cluster at {where} ({type(error).__name__}: "
+                             f"{lines[0] if lines else ''}); if it uses token authentication, put its token in "
+                             f"~/.ray/auth_token or $RAY_AUTH_TOKEN") from None
+        return False
+    start_local_cluster()
+    return True
 
 
 def _reachable(address: str, timeout_s: float = 10.0) -> None:
@@ -293,17 +332,6 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
         raise UsageError(f"hydro tune: no Ray cluster answers at {address} ({error}); start one there with "
                          f"`ray start --head --port {port}`, fix --address / $RAY_ADDRESS, or leave both out for "
                          f"an embedded local cluster") from None
-
-
-def _loopback_only() -> None:
-    """Make the local cluster this process starts listen on 127.0.0.1 only (GCS, raylet, workers, agents): Ray
-    does so when it is not to form a multi-node cluster (its macOS/Windows default), read from the environment
-    by its processes and from ``ray_constants`` by this one (``ray.init(_node_ip_address="127.0.0.1")`` is
-    turned into the machine's address and binds every interface)."""
-    from ray._private import ray_constants
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _print_members(results, spec: TuneSpec) -> None:

@@ -12,6 +12,7 @@ import torch
 from ray.tune import Result, ResultGrid
 from torch import nn
 
+from hydro.atomic_write import atomic_write
 from hydro.binder import FusedModel, unfuse
 from hydro.trial.members import build_members
 from hydro.trial.plan import TrialKind, plan_of
@@ -28,9 +29,7 @@ def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
     ``config/<key>`` values, final metrics, ``epochs`` trained, ``stop_epoch`` (early-stopped members) and
     ``error`` (its trial failed while it trained)."""
     rows = []
-    for result in results:
-        if result.config is None:  # a trial that never reported (e.g. the run was interrupted)
-            continue
+    for result in current_results(results):
         plan = plan_of(result.config)
         trial = (result.metrics or {}).get("trial_id", os.path.basename(result.path))
         history = result.metrics_dataframe
@@ -45,6 +44,20 @@ def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
     if not table.empty and spec.metric in table:
         table = table.sort_values(spec.metric, ascending=spec.mode == "min", na_position="last")
     return table.reset_index(drop=True)
+
+
+def current_results(results: ResultGrid) -> list[Result]:
+    """The results of the run's trials that reported (a trial of an interrupted run may not have), less those of
+    lost trials whose members a fresh trial trained again (``HydroSearcher(lost_trial_retries=...)``): of trials of
+    the same plan, the ones that did not end in a Tune error, else the first."""
+    reported = [r for r in results if r.config is not None]
+    plans: dict[str, list[Result]] = {}
+    for result in reported:
+        plan = plan_of(result.config)
+        key = result.path if plan.kind == TrialKind.PLAIN else repr((plan.kind, plan.members))
+        plans.setdefault(key, []).append(result)
+    kept = {id(r) for same in plans.values() for r in ([r for r in same if r.error is None] or same[:1])}
+    return [r for r in reported if id(r) in kept]
 
 
 def _final(history: pd.DataFrame | None, spec: TuneSpec, prefix: str) -> dict:
@@ -92,9 +105,7 @@ def failures(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | Non
     causes: dict[str, list[str]] = {}
     for member, (_, why) in (rejected or {}).items():
         causes.setdefault(why, []).append(member)
-    for result in results:
-        if result.config is None:
-            continue
+    for result in current_results(results):
         cause = (result.metrics or {}).get(ERROR_KEY) or (_first_line(result.error) if result.error else None)
         if cause:
             causes.setdefault(cause, []).extend(plan_of(result.config).member_ids)
@@ -115,18 +126,19 @@ def write_results(results: ResultGrid, spec: TuneSpec, directory: str | None = N
     directory); returns both paths (the JSON's ``None`` when there is no best configuration: no file)."""
     directory = directory or results.experiment_path
     table_path, best_path = os.path.join(directory, MEMBER_TABLE_FILE), os.path.join(directory, BEST_FILE)
-    member_table(results, spec).to_csv(table_path, index=False)
+    with atomic_write(table_path) as f:
+        member_table(results, spec).to_csv(f, index=False)
     best = best_configuration(results, spec)
     if best is None:
         return table_path, None
-    with open(best_path, "w") as f:
+    with atomic_write(best_path) as f:
         json.dump(best, f, indent=2, default=str)
     return table_path, best_path
 
 
 def target_result(results: ResultGrid) -> Result | None:
     """The full-size target trial's result (``None`` if the run trained none)."""
-    return next((r for r in results if r.config is not None and plan_of(r.config).kind == TrialKind.TARGET), None)
+    return next((r for r in current_results(results) if plan_of(r.config).kind == TrialKind.TARGET), None)
 
 
 def load_model(result: Result, spec: TuneSpec) -> nn.Module:

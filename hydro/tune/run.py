@@ -1,19 +1,23 @@
 """``fit``: one call that tunes a ``TuneSpec`` with ``HydroSearcher`` on Ray Tune and writes the results."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
 
 import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
+from ray.tune.search.sample import Categorical
 
 from hydro.checks import is_count
 from hydro.energy.tuning import EnergySettings
-from hydro.trial.check import WorkloadError, check_workload
+from hydro.trial.check import WorkloadError, check_any_workload, describe
 from hydro.trial.data import DataSource
 from hydro.trial.spec import TuneSpec
 from hydro.tune.bubble_scheduler import BubbleScheduler
@@ -28,8 +32,63 @@ from hydro.tune.trainable import require_resources, trainable, trial_resources
 from schedulers.scale_choice import AUTO, AUTO_SCALES
 
 NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 logger = logging.getLogger(__name__)
+
+
+def check_storage(storage_path: str | None) -> str | None:
+    """The run directory root ``storage_path`` as Ray takes it: a local path made absolute (and made, if missing),
+    checked writable before Ray starts; a URI (``s3://...``) or ``None`` (Ray's default) as given. Raises
+    ``ValueError`` naming the path and the reason."""
+    if storage_path is None or "://" in storage_path:
+        return storage_path
+    path = os.path.abspath(os.path.expanduser(storage_path))
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".hydro-write-check-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"hydro: the storage path {path} is not a folder Hydro can write to ({describe(error)}); "
+                         f"give a writable one (storage_path=..., hydro tune --storage)") from None
+    return path
+
+
+def start_local_cluster() -> None:
+    """Start a Ray cluster of this machine for this process, as ``hydro tune`` does: every process listening on
+    127.0.0.1 only, no dashboard, workers that import this checkout of Hydro and the driver's ``PYTHONPATH``; at
+    exit it is shut down and its session folder removed."""
+    _loopback_only()
+    ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
+    atexit.register(_shut_down, ray._private.worker._global_node.get_session_dir_path())
+
+
+def _shut_down(session_dir: str) -> None:
+    """Stop the cluster :func:`start_local_cluster` started (its agents too) and remove its session folder."""
+    ray.shutdown()
+    latest = os.path.join(os.path.dirname(session_dir), "session_latest")
+    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session_dir):
+        with contextlib.suppress(OSError):
+            os.remove(latest)
+    shutil.rmtree(session_dir, ignore_errors=True)
+
+
+def worker_pythonpath(root: str = PACKAGE_ROOT, environ: Mapping[str, str] = os.environ) -> str:
+    """``PYTHONPATH`` for the workers of an embedded cluster: ``root`` (so they import this Hydro), then the
+    driver's own entries. A runtime env's ``env_vars`` replace a variable rather than extend it, so passing
+    ``root`` alone would hide the user's modules (and any packages installed there) from the trials."""
+    return os.pathsep.join([root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
+
+
+def _loopback_only() -> None:
+    """Make the local cluster this process starts listen on 127.0.0.1 only (GCS, raylet, workers, agents): Ray
+    does so when it is not to form a multi-node cluster (its macOS/Windows default), read from the environment
+    by its processes and from ``ray_constants`` by this one (``ray.init(_node_ip_address="127.0.0.1")`` is
+    turned into the machine's address and binds every interface)."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def asha(spec: TuneSpec) -> ASHAScheduler:
@@ -60,14 +119,39 @@ def prepare(spec: TuneSpec, param_space: dict, *, scale: int | str = 1, seed: in
     if not isinstance(param_space, dict) or not param_space:
         raise WorkloadError(f"hydro: param_space must be a dict of the hyperparameters to tune, e.g. "
                             f"{{'lr': tune.loguniform(1e-4, 1e-1)}}; got {param_space!r}")
+    check_space(param_space)
     data = spec.load_data()
-    check_workload(spec, _checked_config(param_space, seed), AUTO_SCALES[-1] if scale == AUTO else scale, data)
+    draws = RandomSearch(param_space, seed=seed)  # its first draw: _checked_config's
+    configs = (draws.suggest(f"check{i}") for i in range(CHECKED_CONFIGS))
+    passed = check_any_workload(spec, configs, AUTO_SCALES[-1] if scale == AUTO else scale, data)
+    if passed != _checked_config(param_space, seed):
+        logger.warning("hydro: the configuration %s fails numerically in the workload check (it diverges at once; "
+                       "drawn in the run, its members fail alone); %s passed it", _checked_config(param_space, seed),
+                       passed)
     return data
 
 
+CHECKED_CONFIGS = 4  # configurations :func:`prepare` tries when one fails numerically before refusing the space
+
+
 def _checked_config(param_space: dict, seed: int) -> dict:
-    """The configuration :func:`prepare` checks the workload with (and ``fit`` measures ``scale="auto"`` on)."""
+    """The configuration :func:`prepare` checks the workload with first (and ``fit`` measures ``scale="auto"`` on)."""
     return RandomSearch(param_space, seed=seed).suggest("check")
+
+
+def check_space(param_space: Mapping, prefix: str = "") -> None:
+    """Raise ``ValueError`` for a search-space entry no configuration can be drawn from (``tune.choice([])``, an
+    empty ``grid_search``), naming its key."""
+    for key, value in param_space.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Categorical) and not value.categories:
+            raise ValueError(f"hydro: param_space[{name!r}] is tune.choice([]): it has no value to draw; give it at "
+                             f"least one (tune.choice([a, b])) or leave the key out")
+        if isinstance(value, Mapping) and "grid_search" in value and not list(value["grid_search"]):
+            raise ValueError(f"hydro: param_space[{name!r}] is tune.grid_search([]): it has no value to train; give "
+                             f"it at least one or leave the key out")
+        if isinstance(value, Mapping) and "grid_search" not in value:
+            check_space(value, f"{name}.")
 
 
 @contextlib.contextmanager
@@ -128,9 +212,12 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
     process before any trial starts. ``verbose``: 0 silent, 1 member
     progress (logger ``hydro.tune.progress``), 2 also Ray's trial table. ``max_failures``: retries of a trial
-    whose process was lost (killed, e.g. by the OOM killer; a lost node; a hung fill); an exception of the trial's
-    own code (building or training its members) fails its live members without a retry, and the run logs a
-    summary of the members that failed and why. ``energy``:
+    whose process or storage was lost (killed, e.g. by the OOM killer; a lost node; a hung fill; a checkpoint that
+    could not be written) from its last checkpoint, then as many fresh trials of its members
+    (``HydroSearcher(lost_trial_retries=...)``), so that a stage does not go on without them; an exception of the
+    trial's own code (building or training its members) fails its live members without a retry, and the run logs a
+    summary of the members that failed and why. Ray started here (none was initialised) is
+    :func:`start_local_cluster`'s: listening on 127.0.0.1 only. ``energy``:
     energy-tune the trials (:func:`hydro.tune.energy_scheduler.for_hydro` schedules them). ``bubbles``: the fused
     trials run in the bubbles of the pipeline jobs registered with the cluster's placement service (late-stage
     trials and the target on its dedicated workers; see :mod:`hydro.tune.fill_trainable`).
@@ -143,12 +230,14 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     ``HydroSearcher``). ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
     ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
     ``probe_margin``, ``fallback_targets``). Raises ``ValueError`` (or ``TypeError``) before Ray starts for
-    arguments that cannot work (:func:`check_arguments`, :func:`prepare`, ``HydroSearcher``'s own checks), and when
+    arguments that cannot work (:func:`check_arguments`, :func:`check_storage`, :func:`prepare`, ``HydroSearcher``'s own
+    checks), and when
     no node of a cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a
     warning); raises :class:`TuningFailed` (after writing the member table) when no member ends with a finite
     objective."""
     check_arguments(spec, param_space, energy=energy, bubbles=bubbles, cpus_per_trial=cpus_per_trial,
                     gpus_per_trial=gpus_per_trial)
+    storage_path = check_storage(storage_path)
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     data = data if data is not None else prepare(spec, param_space, scale=scale, seed=seed)
@@ -157,14 +246,13 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
                                    fusion=max_fusion if in_trial else fusion,             # before Ray starts
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)),
+                                   lost_trial_retries=max_failures,
                                    trial_resources=None if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
                                    **transfer)  # fill trials train in the bubbles of the jobs' own devices
     hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
-    if storage_path is not None and "://" not in storage_path:  # Ray takes only absolute local paths
-        storage_path = os.path.abspath(os.path.expanduser(storage_path))
     started = not ray.is_initialized()
-    if started:  # what Tune would start: a local cluster of this machine, which cannot grow to fit a trial
-        ray.init()
+    if started:  # a local cluster of this machine, which cannot grow to fit a trial
+        start_local_cluster()
     if not bubbles:  # fill trials run on the placement service's hosts, not on resources of their own
         require_resources(trial_resources(spec, cpus_per_trial, gpus_per_trial), strict=started)
     progress = [MemberProgress(spec.metric, spec.mode, num_samples)] if verbose >= 1 else []
@@ -186,12 +274,54 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     )
     with _ray_output(verbose >= 2):
         results = tuner.fit()
+    return _finish(results, spec, hydro_searcher)
+
+
+def resume(run_dir: str, spec: TuneSpec, *, data: tuple[DataSource, DataSource] | None = None,
+           energy: EnergySettings | None = None, bubbles: bool = False, cpus_per_trial: float = 1,
+           gpus_per_trial: float = 0, plan_fusion: bool = False,
+           verbose: int = 1) -> tuple[tune.ResultGrid, HydroSearcher]:
+    """Go on with the :func:`fit` run in ``run_dir`` (interrupted, or ended with errored trials) from its last
+    experiment checkpoint: its searcher's state, its trials' checkpoints, errored trials retried. ``spec`` and the
+    trial options are the run's own (its trainable is built again from them; ``data``: as :func:`prepare`
+    returned it, the default loads it in each trial). Ray started here (none was initialised) is
+    :func:`start_local_cluster`'s, listening on 127.0.0.1 only (``tune.Tuner.restore`` alone would start one on every
+    interface). Returns and raises as :func:`fit`; raises ``ValueError`` when ``run_dir`` holds no run."""
+    run_dir = check_run_dir(run_dir)
+    if not ray.is_initialized():
+        start_local_cluster()
+    function = bubble_fill(spec) if bubbles else trainable(spec, data, energy, cpus_per_trial=cpus_per_trial,
+                                                            gpus_per_trial=gpus_per_trial, plan_fusion=plan_fusion)
+    tuner = tune.Tuner.restore(run_dir, function, resume_errored=True)
+    searcher = tuner._local_tuner._tune_config.search_alg  # Tune restores its state from the run's checkpoint
+    if not isinstance(searcher, HydroSearcher):
+        raise ValueError(f"hydro: {run_dir} is a Ray Tune run without a HydroSearcher; resume it with "
+                         f"tune.Tuner.restore")
+    with _ray_output(verbose >= 2):
+        results = tuner.fit()
+    return _finish(results, spec, searcher)
+
+
+def check_run_dir(run_dir: str) -> str:
+    """``run_dir`` made absolute, checked to hold a run :func:`resume` can go on with and to be writable; raises
+    ``ValueError`` otherwise."""
+    path = os.path.abspath(os.path.expanduser(run_dir))
+    if not tune.Tuner.can_restore(path):
+        raise ValueError(f"hydro: {path} holds no run to resume (no tuner.pkl): give the run's folder, "
+                         f"<storage>/<name>, as the run printed it")
+    return check_storage(path)
+
+
+def _finish(results: tune.ResultGrid, spec: TuneSpec,
+            searcher: HydroSearcher) -> tuple[tune.ResultGrid, HydroSearcher]:
+    """Write the run's results; raise :class:`TuningFailed` when no member has a finite objective, else log the
+    members that failed."""
     _, best = write_results(results, spec)
     if best is None:
-        raise TuningFailed(failure_summary(results, hydro_searcher.rejected_members()), results, hydro_searcher)
-    causes = failures(results, hydro_searcher.rejected_members())
+        raise TuningFailed(failure_summary(results, searcher.rejected_members()), results, searcher)
+    causes = failures(results, searcher.rejected_members())
     if causes:
         logger.warning("hydro: %d members failed: %s",
                        sum(map(len, causes.values())),
                        "; ".join(f"{cause} (members {', '.join(members)})" for cause, members in causes.items()))
-    return results, hydro_searcher
+    return results, searcher

@@ -30,7 +30,7 @@ from ray.tune.search.sample import Domain
 from hydro.checks import is_count
 from hydro.trial.check import check_member
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
-from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
+from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
 from hydro.trial.data import DataSource
 from hydro.trial.scale_plan import measured_scale
 from hydro.trial.spec import TuneSpec
@@ -94,6 +94,9 @@ class SearchState:
     max_concurrent: int | None = None  # Tune's max_concurrent_trials (set_max_concurrency)
     trial_seconds: dict[str, float] = field(default_factory=dict)  # finished surrogate trial -> its time_total_s
     scale_choice: ScaleChoice | None = None  # scale="auto": the measured choice, once made
+    suggested: dict[str, dict] = field(default_factory=dict)  # trial id -> the config it was given (while it runs)
+    lost: list[tuple[str, dict]] = field(default_factory=list)  # lost trials to train again: (trial id, config)
+    retries: dict[str, int] = field(default_factory=dict)  # trial id -> fresh trials its members had after a loss
 
 
 class HydroSearcher(Searcher):
@@ -125,6 +128,9 @@ class HydroSearcher(Searcher):
             0.5}``); default: learnt from the first trials' reports. Trial slots, the trials that train at once on
             separate compute, are counted from them (:func:`~schedulers.trial_slots.trial_slots`, at most Tune's
             ``max_concurrent_trials``).
+        lost_trial_retries: fresh trials a trial gets when Tune gave up on it (its worker, node or storage lost
+            more often than ``FailureConfig(max_failures)`` allows): the same members and configuration trained
+            again from the start, so that no stage goes on without them (``fit`` sets it to its ``max_failures``).
         **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``eta``, ``top_k``,
             ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
             ``probe_margin``, ``fallback_targets``): the width ladder, full-size targets, escalation and fallback
@@ -146,10 +152,14 @@ class HydroSearcher(Searcher):
                  fusion: int | str | FusionPlanner = "auto", max_fusion: int = 64,
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
                  seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1,
-                 trial_resources: Mapping[str, float] | None = None, **transfer) -> None:
+                 trial_resources: Mapping[str, float] | None = None, lost_trial_retries: int = 1,
+                 **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
+        if not (isinstance(lost_trial_retries, int) and lost_trial_retries >= 0):
+            raise ValueError(f"HydroSearcher: lost_trial_retries must be an int >= 0, got {lost_trial_retries!r}")
+        self.lost_trial_retries = lost_trial_retries
         if trial_resources is not None and not (isinstance(trial_resources, Mapping) and all(
                 isinstance(v, (int, float)) and v >= 0 for v in trial_resources.values())):
             raise ValueError(f"HydroSearcher: trial_resources holds Ray resource amounts >= 0 per trial, e.g. "
@@ -198,7 +208,15 @@ class HydroSearcher(Searcher):
             refuse_trial_scheduler(_tune_run_scheduler())
             self._scheduler_checked = True
         self._ensure_service()
+        config = self._next_trial(trial_id)
+        if isinstance(config, dict):
+            self.state.suggested[trial_id] = config
+        return config
+
+    def _next_trial(self, trial_id: str) -> dict | str | None:
         state = self.state
+        if state.lost:
+            return self._again(trial_id)
         if state.transfer.stages or self.transfer.due(self._search_finished(), self._nothing_left()):
             config = self._transfer_trial(trial_id)
             if config is not None:
@@ -212,9 +230,45 @@ class HydroSearcher(Searcher):
                              reports_objective=self.transfer.fraction is None)
             return {**_unset(state.space), **plan.to_config()}
         if state.pool.exhausted and (self.transfer.fraction is None or state.transfer.started
-                                     or (not state.transfer.stages and not state.ledger.running())):
+                                     or (not state.transfer.stages and not state.ledger.running())) \
+                and not (self.lost_trial_retries and self._trials_running()):  # a lost one may train again
             return Searcher.FINISHED
         return None
+
+    def _trials_running(self) -> bool:
+        """Whether a trial this searcher started has not completed."""
+        return bool(self.state.suggested)
+
+    def _lost(self, trial_id: str) -> bool:
+        """Queue trial ``trial_id``, which Tune gave up on after its retries (its process, node or storage was lost;
+        an error of its own code ends a Hydro trial without one), to train again from the start as a fresh trial
+        with the same members and configuration, unless its members had ``lost_trial_retries`` such trials already.
+        Returns whether it was queued. Members train again exactly (their initialisation, batches and stopping
+        decisions are functions of their ids, seed and epochs), and each member's epochs count once."""
+        config = self.state.suggested.get(trial_id)
+        retries = self.state.retries.get(trial_id, 0)
+        if config is None or retries >= self.lost_trial_retries:
+            return False
+        logger.warning("trial %s was lost (after Tune's retries from its checkpoint); training its members %s again "
+                       "in a fresh trial (%d of %d)", trial_id, ", ".join(plan_of(config).member_ids), retries + 1,
+                       self.lost_trial_retries)
+        self.state.lost.append((trial_id, config))
+        return True
+
+    def _again(self, trial_id: str) -> dict:
+        """The next lost trial's configuration, handed to ``trial_id`` in its place."""
+        state, transfer = self.state, self.state.transfer
+        lost, config = state.lost.pop(0)
+        state.retries[trial_id] = state.retries.pop(lost, 0) + 1
+        if lost in state.ledger.trials:
+            state.ledger.trials[trial_id] = state.ledger.trials.pop(lost)
+        if lost in state.trial_groups:
+            state.trial_groups[trial_id] = state.trial_groups.pop(lost)
+        if lost in transfer.targets:
+            transfer.targets[trial_id] = transfer.targets.pop(lost)
+        if lost in transfer.widened:
+            transfer.widened.add(trial_id)
+        return config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if TRIAL_CPUS_KEY in result and trial_id not in self.state.transfer.widened:
@@ -233,6 +287,11 @@ class HydroSearcher(Searcher):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         transfer = self.state.transfer
+        if error and self._lost(trial_id):
+            self.state.suggested.pop(trial_id, None)
+            return
+        self.state.suggested.pop(trial_id, None)
+        self.state.retries.pop(trial_id, None)
         if trial_id in transfer.targets:
             transfer.target_values[transfer.targets[trial_id]] = (result or {}).get(self.spec.metric)
             self._advance()

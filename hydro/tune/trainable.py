@@ -10,7 +10,8 @@ and after the last, a checkpoint holds the unit's state (member weights, optimiz
 ids, epoch, RNG state), so a retried or restored trial resumes from there: it replays the epochs after it exactly
 (same batches, same decisions), and the searcher keeps the first report of each member's epoch. An exception
 of the trial's own code (the user's model, loss or data, building the members) fails its live members with that
-cause instead of reaching Tune (it would raise again on a retry); a killed worker is retried.
+cause instead of reaching Tune (it would raise again on a retry); a killed worker, or a checkpoint that could not be
+written (storage), is retried.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ray import tune
 
 from hydro.energy.observer import EnergyObserver
 from hydro.energy.tuning import EnergySettings, trial_observer
+from hydro.trial.check import describe
 from hydro.trial.data import DataSource
 from hydro.trial.device import resolve_device
 from hydro.trial.fusion import fusion_in_trial
@@ -33,7 +35,7 @@ from hydro.trial.memory import gpu_share_bytes
 from hydro.trial.plan import plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
-from hydro.tune.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession
+from hydro.tune.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession, TrialLost
 
 logger = logging.getLogger(__name__)
 
@@ -202,13 +204,23 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
             session.report()
         else:
             start = time.perf_counter()
-            with tempfile.TemporaryDirectory() as directory:
-                state = trial.state_dict() if meter is None else {**trial.state_dict(), "energy": meter.state_dict()}
-                torch.save(state, os.path.join(directory, STATE_FILE))
-                session.report(checkpoint=tune.Checkpoint.from_directory(directory))
+            state = trial.state_dict() if meter is None else {**trial.state_dict(), "energy": meter.state_dict()}
+            _report_checkpoint(session, state)
             checkpoint_s += time.perf_counter() - start
         if not keep:
             return
+
+
+def _report_checkpoint(session: MemberSession, state: dict) -> None:
+    """Report the last step with a checkpoint of ``state``. Raises :class:`~hydro.tune.session.TrialLost` when
+    writing it fails (a full disk, a storage folder that is gone or read-only): a storage fault, which Tune retries
+    (the trial's own code did not raise)."""
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            torch.save(state, os.path.join(directory, STATE_FILE))  # torch raises RuntimeError for a failed write
+            session.report(checkpoint=tune.Checkpoint.from_directory(directory))
+    except (OSError, RuntimeError) as error:
+        raise TrialLost(f"hydro: writing the trial's checkpoint failed (storage): {describe(error)}") from error
 
 
 def _gpu_share_bytes(spec: TuneSpec, device: torch.device) -> int | None:

@@ -73,6 +73,8 @@ def test_groups_by_batch_size_and_architecture_and_feeds_members_back():
     best = max(acc, key=acc.get)
     assert target.kind == TrialKind.TARGET and target.scale == 1 and target.source["member"] == best
     assert target.members[0][1] == configs[sorted(inner.suggested).index(best)]
+    assert s.suggest("while the target trains") is None  # it may be lost and train again
+    s.on_trial_complete("target", {"val_acc": 0.9, "epoch": 2})
     assert s.suggest("after") == Searcher.FINISHED
 
 
@@ -194,3 +196,17 @@ def test_a_trial_holding_fewer_members_than_planned_is_not_taken_for_one_out_of_
         s.on_trial_result("t0", {**member_result(ids, 1, dict.fromkeys(ids, 0.5)), "max_fusion": 1})
     assert s.state.pool.fusion[key] == 1
     assert "ran out of memory at 2 fused members: its later trials get 1" in caplog.text
+
+
+def test_a_lost_trial_trains_again_in_a_fresh_trial_with_the_same_plan_then_fails_for_good():
+    inner = Scripted([{"lr": 0.1, "momentum": 0.0}, {"lr": 0.2, "momentum": 0.0}])
+    s = HydroSearcher(spec(epochs=2), inner, num_samples=2, fusion=2, transfer_fraction=None, lost_trial_retries=1)
+    first = s.suggest("t0")
+    ids = plan_of(first).member_ids
+    s.on_trial_result("t0", member_result(ids, 1, {m: 0.5 for m in ids}))
+    s.on_trial_complete("t0", error=True)  # Tune gave up on it: its worker was lost more often than max_failures
+    again = s.suggest("t1")
+    assert again == first and not inner.completed  # the same members and configuration; nothing failed yet
+    s.on_trial_complete("t1", error=True)  # lost again: no fresh trial left, its members fail
+    assert sorted(inner.completed) == sorted((m, 0.5, True) for m in ids)
+    assert s.suggest("t2") == Searcher.FINISHED

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from hydro.tune.cli import PACKAGE_ROOT, worker_pythonpath
+from hydro.tune.run import PACKAGE_ROOT, worker_pythonpath
 from tests.conftest import REPO
 
 DRIVER = textwrap.dedent('''
