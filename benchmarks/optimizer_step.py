@@ -22,7 +22,7 @@ from torch import nn
 
 import hydro
 from hydro.examples.models import ResNet18
-from hydro.op_counts import count_ops
+from hydro.trial.host_syncs import HostSyncCounter
 from hydro.optim import SGD, AdamW, clip_grad_norm_
 from hydro.optim import lr_scheduler as hsched
 from tests.loop_optimizers import LOOP
@@ -65,7 +65,7 @@ def measure(name: str, members: int, steps: int, device: torch.device) -> dict:
         optimizer = make(fused.parameters(), **kwargs(members))
         optimizer.step()
         optimizer.step()
-        with count_ops() as counts:
+        with HostSyncCounter() as counts:
             optimizer.step()
         row[f"{label}_ops"], row[f"{label}_reads"] = counts.total, counts.reads
         row["groups"] = len(optimizer.param_groups)
@@ -79,7 +79,7 @@ def measure(name: str, members: int, steps: int, device: torch.device) -> dict:
         step = _training_step(train, train_opt, schedule, x, y, members)
         step()
         step()
-        with count_ops() as counts:
+        with HostSyncCounter() as counts:
             step()
         row[f"{label}_train_step_reads"] = counts.reads
     times: dict[str, list[float]] = {"loop": [], "foreach": []}

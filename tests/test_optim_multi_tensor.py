@@ -8,7 +8,7 @@ from torch import nn
 
 import hydro
 from hydro.examples.models import CNN, ResNet18
-from hydro.op_counts import count_ops
+from hydro.trial.host_syncs import HostSyncCounter
 from hydro.optim import SGD, Adam, AdamW, clip_grad_norm_
 from hydro.optim import lr_scheduler as hsched
 from tests.loop_optimizers import LOOP
@@ -115,7 +115,7 @@ def _steady_step_counts(fused, optimizer):
         p.grad = torch.randn_like(p)
     optimizer.step()
     optimizer.step()  # state created, values resolved
-    with count_ops() as counts:
+    with HostSyncCounter() as counts:
         optimizer.step()
     return counts
 
@@ -157,6 +157,6 @@ def test_a_training_step_with_a_per_step_schedule_and_clipping_reads_almost_noth
 
     step()
     step()
-    with count_ops() as counts:
+    with HostSyncCounter() as counts:
         step()
     assert counts.reads <= 10, counts.reads

@@ -15,8 +15,10 @@ SYNCING = frozenset({"Tensor.tolist", "Tensor.numpy", "aten._local_scalar_dense"
 
 
 class HostSyncCounter(TorchDispatchMode):
-    """``with HostSyncCounter() as count: ...``; then ``count.ops`` (every aten operation and ``Tensor.tolist``/
-    ``Tensor.numpy`` call, by name) and ``count.syncs()`` (those that synchronise with a GPU)."""
+    """``with HostSyncCounter() as count: ...``; then ``count.ops`` (every aten operation dispatched from this
+    thread and every ``Tensor.tolist``/``Tensor.numpy`` call, by name; an operation that runs others inside, e.g. a
+    ``torch._foreach_*`` op, counts once), :attr:`total` (the aten operations: each is at least one kernel launch
+    on a GPU), ``count.syncs()`` and :attr:`reads` (those that synchronise with a GPU)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -43,6 +45,16 @@ class HostSyncCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[str(func.overloadpacket)] += 1
         return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        """Aten operations dispatched (``Tensor.tolist``/``numpy`` calls not included)."""
+        return sum(count for name, count in self.ops.items() if not name.startswith("Tensor."))
+
+    @property
+    def reads(self) -> int:
+        """Synchronising operations and host reads counted."""
+        return sum(self.syncs().values())
 
     def syncs(self) -> dict[str, int]:
         """The synchronising operations counted, by name."""
