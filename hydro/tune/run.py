@@ -13,7 +13,7 @@ from ray.tune.search import Searcher
 
 from hydro.checks import is_count
 from hydro.energy.tuning import EnergySettings
-from hydro.trial.check import WorkloadError, check_workload
+from hydro.trial.check import WorkloadError, check_group_by, check_workload
 from hydro.trial.data import DataSource
 from hydro.trial.spec import TuneSpec
 from hydro.tune.bubble_scheduler import BubbleScheduler
@@ -24,6 +24,7 @@ from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import failure_summary, failures, write_results
 from hydro.tune.retry_logs import KeepResultsOnRetry
 from hydro.tune.searcher import HydroSearcher
+from hydro.tune.space_check import check_batch_size_space
 from hydro.tune.trainable import require_resources, trainable, trial_resources
 from schedulers.scale_choice import AUTO, AUTO_SCALES
 
@@ -60,14 +61,28 @@ def prepare(spec: TuneSpec, param_space: dict, *, scale: int | str = 1, seed: in
     if not isinstance(param_space, dict) or not param_space:
         raise WorkloadError(f"hydro: param_space must be a dict of the hyperparameters to tune, e.g. "
                             f"{{'lr': tune.loguniform(1e-4, 1e-1)}}; got {param_space!r}")
+    check_batch_size_space(param_space)
     data = spec.load_data()
-    check_workload(spec, _checked_config(param_space, seed), AUTO_SCALES[-1] if scale == AUTO else scale, data)
+    config = _checked_config(param_space, seed)
+    check_workload(spec, config, AUTO_SCALES[-1] if scale == AUTO else scale, data)
+    check_group_by(spec, config, _other_values(param_space, config, seed), mup=scale != 1)
     return data
 
 
 def _checked_config(param_space: dict, seed: int) -> dict:
     """The configuration :func:`prepare` checks the workload with (and ``fit`` measures ``scale="auto"`` on)."""
     return RandomSearch(param_space, seed=seed).suggest("check")
+
+
+def _other_values(param_space: dict, config: dict, seed: int, draws: int = 8) -> dict:
+    """Per top-level key of ``config``, the first value other than ``config``'s in ``draws`` further
+    configurations drawn from ``param_space`` (keys that kept one value are left out)."""
+    search, values = RandomSearch(param_space, seed=seed + 1), {}
+    for draw in range(draws):
+        for key, value in search.suggest(f"check{draw}").items():
+            if key not in values and value != config.get(key):
+                values[key] = value
+    return values
 
 
 @contextlib.contextmanager
