@@ -112,6 +112,15 @@ def failures(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | Non
     return causes
 
 
+def failures_line(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | None = None) -> str | None:
+    """One line on the members that failed in a run that has a result (``None``: none failed)."""
+    causes = failures(results, rejected)
+    if not causes:
+        return None
+    return f"hydro: {sum(map(len, causes.values()))} members failed: " + "; ".join(
+        f"{cause} (members {', '.join(members)})" for cause, members in causes.items())
+
+
 def failure_summary(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | None = None) -> str:
     """One message for a run in which no member ended with a finite objective."""
     causes = failures(results, rejected)

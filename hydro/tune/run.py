@@ -1,7 +1,6 @@
 """``fit``: one call that tunes a ``TuneSpec`` with ``HydroSearcher`` on Ray Tune and writes the results."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -20,15 +19,14 @@ from hydro.tune.bubble_scheduler import BubbleScheduler
 from hydro.tune.energy_scheduler import check_batch_sizes, for_hydro
 from hydro.tune.fill_trainable import bubble_fill
 from hydro.tune.progress import MemberProgress, show_progress
+from hydro.tune.ray_output import ray_output
 from hydro.tune.random_search import RandomSearch
-from hydro.tune.results import failure_summary, failures, write_results
+from hydro.tune.results import failure_summary, failures_line, write_results
 from hydro.tune.retry_logs import KeepResultsOnRetry
 from hydro.tune.searcher import HydroSearcher
 from hydro.tune.space_check import check_batch_size_space
 from hydro.tune.trainable import require_resources, trainable, trial_resources
 from schedulers.scale_choice import AUTO, AUTO_SCALES
-
-NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 
 logger = logging.getLogger(__name__)
 
@@ -85,22 +83,6 @@ def _other_values(param_space: dict, config: dict, seed: int, draws: int = 8) ->
     return values
 
 
-@contextlib.contextmanager
-def _ray_output(show: bool):
-    """Ray's own trial table when ``show``; else none at all (Ray 2.60's default output prints its header, e.g.
-    "Number of trials 9223372036854775807", at any verbosity; its legacy output obeys ``verbose=0``)."""
-    saved = os.environ.get(NEW_OUTPUT)
-    if not show:
-        os.environ[NEW_OUTPUT] = "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(NEW_OUTPUT, None)
-        else:
-            os.environ[NEW_OUTPUT] = saved
-
-
 class TuningFailed(RuntimeError):
     """No member (nor the target) ended with a finite objective; ``results``/``searcher`` hold what ran."""
 
@@ -142,7 +124,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
 
     ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
     process before any trial starts. ``verbose``: 0 silent, 1 member
-    progress (logger ``hydro.tune.progress``), 2 also Ray's trial table. ``max_failures``: retries of a trial
+    progress (logger ``hydro.tune.progress``), 2 also Ray's trial table and log lines
+    (:mod:`hydro.tune.ray_output`). ``max_failures``: retries of a trial
     whose process was lost (killed, e.g. by the OOM killer; a lost node; a hung fill); an exception of the trial's
     own code (building or training its members) fails its live members without a retry, and the run logs a
     summary of the members that failed and why. ``energy``:
@@ -171,7 +154,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,  # checks its arguments
                                    fusion=max_fusion if in_trial else fusion,             # before Ray starts
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
-                                   seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)),
+                                   seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)), run_reporter=False,
                                    trial_resources=None if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
                                    **transfer)  # fill trials train in the bubbles of the jobs' own devices
     hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
@@ -179,7 +162,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
         storage_path = os.path.abspath(os.path.expanduser(storage_path))
     started = not ray.is_initialized()
     if started:  # what Tune would start: a local cluster of this machine, which cannot grow to fit a trial
-        ray.init()
+        with ray_output(verbose >= 2):
+            ray.init()
     if not bubbles:  # fill trials run on the placement service's hosts, not on resources of their own
         require_resources(trial_resources(spec, cpus_per_trial, gpus_per_trial), strict=started)
     progress = [MemberProgress(spec.metric, spec.mode, num_samples)] if verbose >= 1 else []
@@ -187,7 +171,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
         show_progress()
     tuner = tune.Tuner(
         bubble_fill(spec) if bubbles else
-        trainable(spec, data, energy, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial, plan_fusion=in_trial),
+        trainable(spec, data, energy, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
+                  plan_fusion=in_trial, quiet=verbose < 2),
         param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
                                     scheduler=BubbleScheduler() if bubbles else
@@ -199,14 +184,12 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
                                   failure_config=tune.FailureConfig(max_failures=max_failures),
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
     )
-    with _ray_output(verbose >= 2):
+    with ray_output(verbose >= 2):
         results = tuner.fit()
     _, best = write_results(results, spec)
     if best is None:
         raise TuningFailed(failure_summary(results, hydro_searcher.rejected_members()), results, hydro_searcher)
-    causes = failures(results, hydro_searcher.rejected_members())
-    if causes:
-        logger.warning("hydro: %d members failed: %s",
-                       sum(map(len, causes.values())),
-                       "; ".join(f"{cause} (members {', '.join(members)})" for cause, members in causes.items()))
+    line = failures_line(results, hydro_searcher.rejected_members())
+    if line:
+        logger.warning(line)
     return results, hydro_searcher

@@ -16,13 +16,14 @@ import logging
 import math
 import os
 import pickle
-import sys
 import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import ray
+from ray.tune import PlacementGroupFactory
+from ray.tune.registry import get_trainable_cls
 from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.sample import Domain
@@ -37,7 +38,9 @@ from hydro.trial.spec import TuneSpec
 from hydro.tune.member_decisions import start_service
 from hydro.tune.member_rules import refuse_trial_scheduler, stopping_rule
 from hydro.tune.random_search import RandomSearch
+from hydro.tune.run_reporter import attach, tune_run_locals
 from hydro.tune.session import ERROR_KEY, MEMBERS_KEY, TRIAL_CPUS_KEY, TRIAL_GPUS_KEY
+from hydro.tune.space_check import check_batch_size_space
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
@@ -136,14 +139,17 @@ class HydroSearcher(Searcher):
     measures with as many. ``trial_resources``: one trial's Ray resources as its trainable asks for them
     (``{"CPU": 1, "GPU": 0.5}``; ``fit`` passes them): the search's fused trials then hold at most an even share of
     ``num_samples`` per trial that trains at once, so that every slot trains (default: unknown until the first
-    trials report theirs; the ladder's rungs use those).
+    trials report theirs; in a ``tune.Tuner`` run, read from its trainable's resource request: Tune's default
+    for a function trainable is 1 CPU). ``run_reporter``: in a ``tune.Tuner`` run, add a
+    :class:`~hydro.tune.run_reporter.RunReporter` to it (member progress in place of Ray's trial reporter; the
+    member table, best configuration and trained model written to the run directory at the end).
     """
 
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int | str = 1,
                  fusion: int | str | FusionPlanner = "auto", max_fusion: int = 64,
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
                  seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1,
-                 trial_resources: Mapping[str, float] | None = None, **transfer) -> None:
+                 trial_resources: Mapping[str, float] | None = None, run_reporter: bool = True, **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
@@ -173,6 +179,7 @@ class HydroSearcher(Searcher):
                                  trial_request={k.upper(): float(v) for k, v in (trial_resources or {}).items()})
         self._service = None
         self._scheduler_checked = False
+        self._run_reporter = run_reporter
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -183,6 +190,12 @@ class HydroSearcher(Searcher):
                              f"to TuneSpec.metrics)")
         if mode and mode != self.spec.mode:
             raise ValueError(f"mode {mode!r} differs from TuneSpec.mode {self.spec.mode!r}")
+        check_batch_size_space(config or {})
+        run = tune_run_locals()
+        if run is not None and not self.state.trial_request:
+            self.state.trial_request = self._run_trial_request(run)
+        if run is not None and self._run_reporter:
+            attach(self)
         self.state.space = config or self.state.space
         return self.inner.set_search_properties(self.spec.metric, self.spec.mode, config, **spec)
 
@@ -192,7 +205,7 @@ class HydroSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict | None:
         if not self._scheduler_checked:  # before the first trial
-            refuse_trial_scheduler(_tune_run_scheduler())
+            refuse_trial_scheduler((tune_run_locals() or {}).get("scheduler"))
             self._scheduler_checked = True
         self._ensure_service()
         state = self.state
@@ -511,6 +524,15 @@ class HydroSearcher(Searcher):
         seconds, member_epochs = measured[finest]
         return seconds / member_epochs * (finest / scale) ** 2 * members * self.spec.epochs
 
+    def _run_trial_request(self, run: Mapping) -> dict[str, float]:
+        """One surrogate trial's Ray resources as the trainable of the ``ray.tune.run`` call ``run`` (its local
+        variables) asks for them; Tune's default, 1 CPU, for a trainable that asks for none."""
+        plan = TrialPlan(TrialKind.SURROGATE, [], checked_scale(self.scale), checked_scale(self.scale) > 1)
+        request = get_trainable_cls(run["experiments"][0].run_identifier).default_resource_request(plan.to_config())
+        if isinstance(request, PlacementGroupFactory):
+            return {k.upper(): float(v) for k, v in request.required_resources.items()}
+        return {"CPU": 1.0}
+
     def _trial_slots(self) -> int:
         """How many trials train at once on separate compute of the cluster (1 while a trial's resources are not
         known, or outside a Ray session)."""
@@ -593,17 +615,6 @@ def _prunes(searcher: Searcher) -> bool:
     from ray.tune.search.optuna import OptunaSearch
 
     return isinstance(searcher, OptunaSearch)
-
-
-def _tune_run_scheduler() -> TrialScheduler | None:
-    """The scheduler of the ``ray.tune.run`` call (``tune.Tuner.fit`` calls it) that is setting this searcher
-    up, read from its frame: Tune hands a searcher nothing else about the run (``None`` outside one)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "run" and frame.f_globals.get("__name__") == "ray.tune.tune":
-            return frame.f_locals.get("scheduler")
-        frame = frame.f_back
-    return None
 
 
 def _member_results(result: Mapping) -> dict[str, dict]:
