@@ -39,6 +39,7 @@ from hydro.tune.energy_scheduler import EnergyScheduler, for_hydro
 from hydro.tune.pipeline_job import PipelineJob
 from hydro.tune.run import check_arguments, fit, prepare
 from schedulers.member_stopping import ASHA, ConvergenceStopping
+from tests.tune import real_workloads
 from tests.tune.workload import SPACE, spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -420,6 +421,22 @@ CASES = [
          ValueError, "num_gpus_per_stage=0.5 lets Ray put two stages on one GPU, and NCCL cannot connect two ranks"),
     case("schedule-no-stages", lambda: one_f_one_b(0, 4), ValueError,  # fixed
          "a 1F1B schedule needs at least one stage and one microbatch, got num_stages=0, num_microbatches=4"),
+    # real workloads
+    case("batch-size-uniform", lambda: prepare(*real_workloads.float_batch_size()), ValueError,  # fixed
+         "param_space['batch_size'] is a float range [16, 128], which samples non-integer batch sizes"),
+    case("batch-size-float", lambda: prepare(spec(), {**SPACE, "batch_size": 97.7}), ValueError,  # fixed
+         "param_space['batch_size'] is 97.7, not an integer"),
+    case("batch-size-choice-of-floats", lambda: prepare(spec(), {**SPACE, "batch_size": ray.tune.choice([32, 97.5])}),
+         ValueError, "param_space['batch_size'] offers non-integer batch sizes [97.5]"),  # fixed
+    case("batch-size-uniform-in-a-tuner", lambda: searcher().set_search_properties(  # fixed
+        None, None, {**SPACE, "batch_size": ray.tune.uniform(16, 128)}), ValueError,
+         "Sample integers instead, e.g. tune.choice([16, 32, 64, 128]), tune.qrandint(16, 128, 16)"),
+    case("group-by-misses-a-width", lambda: prepare(*real_workloads.width_not_grouped(), scale=4),  # fixed
+         WorkloadError, "TuneSpec.group_by misses 'width'"),
+    case("group-by-misses-a-dropout-p", lambda: prepare(*real_workloads.dropout_not_grouped()),  # fixed
+         WorkloadError, "TuneSpec.group_by misses 'p'"),
+    case("load-model-run-directory-without-a-model", lambda: hydro.tune.load_model("no_such_run"),  # fixed
+         ValueError, "hydro.tune.load_model: no_such_run holds no trained full-size model (hydro_model.pt)"),
 ]
 
 
@@ -520,6 +537,13 @@ CLI_CASES = [  # argparse's own errors first, then Hydro's (one line, exit code 
          "calling raises() failed: {dir}/workload.py:14: RuntimeError: no data here"),
     case("workload-empty-param-space", ["tune", "--workload", "{dir}/workload.py:empty_space"], "hydro",  # fixed
          "hydro tune: hydro: param_space must be a dict of the hyperparameters to tune"),
+    # real workloads
+    case("batch-size-uniform", ["tune", "--workload", "tests.tune.real_workloads:float_batch_size"], "hydro",  # fixed
+         "hydro tune: hydro: param_space['batch_size'] is a float range [16, 128]"),
+    case("group-by-misses-a-width", ["tune", "--workload", "tests.tune.real_workloads:width_not_grouped",  # fixed
+                                     "--scale", "4"], "hydro", "hydro tune: hydro: TuneSpec.group_by misses 'width'"),
+    case("group-by-misses-a-dropout-p", ["tune", "--workload", "tests.tune.real_workloads:dropout_not_grouped"],
+         "hydro", "hydro tune: hydro: TuneSpec.group_by misses 'p'"),  # fixed
 ]
 
 

@@ -32,9 +32,9 @@ TOP_ROWS = 10  # member rows printed (all of them are in the member table file)
 STILL_TRAINING = "-"  # stop_epoch of a member that early stopping did not end
 LEGEND = f"""
 member: mNNNNN one sampled configuration, mNNNNN@S its re-training at scale S (the width ladder), #k a seed repeat;
-  target: the returned configuration at full size (fallback targets: more full-size configurations; the best is
-  returned, the first row). kind: surrogate (shrunk by --scale, fused), target (full size), plain (full size,
-  unfused). trial: the Ray trial (fused group) that trained it; epochs: epochs it trained; stop_epoch: the epoch
+  target: the returned configuration at full size (the first row; fallback targets: more configurations at full
+  size, the best one returned). kind: surrogate (shrunk by --scale, fused), target (full size), plain (full size,
+  unfused). trial: the Ray trial (a fused group) that trained it. epochs: epochs it trained. stop_epoch: the epoch
   early stopping ended it at ({STILL_TRAINING}: it trained every epoch). A "group (64,)" in the log: members that
   may share fused trials, keyed by (batch size, TuneSpec.group_by values)."""
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
