@@ -150,18 +150,21 @@ def write_results(results: ResultGrid, spec: TuneSpec, directory: str | None = N
 
 def target_result(results: ResultGrid, spec: TuneSpec | None = None) -> Result | None:
     """The returned full-size target's result: of several (fallback targets), the best on the objective, the one
-    :func:`best_configuration` reports (``spec``'s; without ``spec``, the run's ``TuneConfig`` metric and mode);
-    ``None`` if the run trained none that ended with a finite objective."""
+    :func:`best_configuration` reports (``spec``'s; without ``spec``, the run's ``TuneConfig`` metric and mode); a
+    lone target as it ended. ``None`` if the run trained none (with ``spec`` or of several: none that ended with a
+    finite objective). Raises ``ValueError`` for several targets, no ``spec`` and no ``TuneConfig`` metric."""
     targets = [r for r in results if r.config is not None and plan_of(r.config).kind == TrialKind.TARGET]
     if spec is not None:
         best = best_configuration(results, spec)
         return None if best is None or best["kind"] != TrialKind.TARGET else _result_of(results, best["trial"])
+    if len(targets) <= 1:
+        return targets[0] if targets else None
     metric, mode = results._experiment_analysis.default_metric, results._experiment_analysis.default_mode
-    if len(targets) > 1 and metric is None:
+    if metric is None:
         raise ValueError("hydro.tune.target_result: the run trained several full-size targets and its TuneConfig "
                          "names no metric to choose the returned one by; pass the spec: target_result(results, spec)")
     finished = [r for r in targets if r.error is None and not (r.metrics or {}).get(ERROR_KEY)
-                and _finite((r.metrics or {}).get(metric))] if metric is not None else targets
+                and _finite((r.metrics or {}).get(metric))]
     return max(finished, key=lambda r: r.metrics[metric] * (1 if mode == "max" else -1), default=None)
 
 

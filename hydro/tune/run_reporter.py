@@ -11,6 +11,7 @@ engine is this one. ``fit`` reports itself (``HydroSearcher(run_reporter=False)`
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -27,13 +28,14 @@ from ray.tune.utils import flatten_dict
 
 from hydro.tune.progress import MemberProgress, show_progress
 from hydro.tune.results import failure_summary, failures_line, write_results
-from hydro.tune.retry_logs import KeepResultsOnRetry
+from hydro.tune.retry_logs import RESULT_LOGS, KeepResultsOnRetry
 
 if TYPE_CHECKING:
     from hydro.tune.searcher import HydroSearcher
 
 logger = logging.getLogger(__name__)
 
+JSON_LOG = RESULT_LOGS[0]  # Tune's JSON logger's file in a trial's folder
 _pending: list[tuple[HydroSearcher, str | None]] = []  # (searcher, RAY_TUNE_CALLBACKS before attach)
 
 
@@ -58,6 +60,22 @@ def attach(searcher: HydroSearcher) -> None:
     previous = os.environ.get(RAY_TUNE_CALLBACKS_ENV_VAR)
     _pending.append((searcher, previous))
     os.environ[RAY_TUNE_CALLBACKS_ENV_VAR] = ",".join(filter(None, [previous, f"{__name__}.RunReporter"]))
+
+
+def _logged_results(trial: Trial) -> list[dict]:
+    """The results in the trial's ``result.json`` on the driver (one JSON object a line; an unfinished last line
+    is left out), flattened as Tune's result tables are."""
+    path = os.path.join(trial.local_path, JSON_LOG) if trial.local_path else ""
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(flatten_dict(json.loads(line), delimiter="/"))
+            except json.JSONDecodeError:
+                break
+    return rows
 
 
 def _restore(previous: str | None) -> None:
@@ -142,8 +160,10 @@ class RunReporter(MemberProgress, KeepResultsOnRetry, AirProgressReporter):
         logger.info("written: %s, %s", table, best)
 
     def _result(self, trial: Trial) -> Result:
-        """``trial``'s result as Tune's ``ResultGrid`` gives it, its history from the results this callback saw."""
-        history = self.histories.get(trial.trial_id)
+        """``trial``'s result as Tune's ``ResultGrid`` gives it; its history: what Tune's JSON logger holds (a
+        restored run's earlier results too), then the results this callback saw (the last report of a member
+        counts, so a result in both is harmless)."""
+        history = [*_logged_results(trial), *self.histories.get(trial.trial_id, [])]
         error = None
         if trial.status == Trial.ERROR:
             error = trial.get_pickled_error() or RuntimeError(trial.get_error() or f"trial {trial} failed")
