@@ -144,7 +144,7 @@ def write_results(results: ResultGrid, spec: TuneSpec, directory: str | None = N
     with open(best_path, "w") as f:
         json.dump(best, f, indent=2, default=str)
     if best["checkpoint"] is not None:
-        _write_model(load_model(_result_of(results, best["trial"]), spec), os.path.join(directory, MODEL_FILE))
+        _write_model(_result_of(results, best["trial"]), spec, os.path.join(directory, MODEL_FILE))
     return table_path, best_path
 
 
@@ -205,12 +205,13 @@ def load_model(source: Result | str | os.PathLike, spec: TuneSpec | None = None)
     return model.eval()
 
 
-def _write_model(model: nn.Module, path: str) -> None:
-    """Save ``model`` whole (its class by value where cloudpickle pickles it so, e.g. a ``hydro tune`` workload
-    file's), for :func:`load_model` in another process; a model that cannot be pickled is logged and left out."""
+def _write_model(result: Result, spec: TuneSpec, path: str) -> None:
+    """Save the trained model of ``result`` whole (its class by value where cloudpickle pickles it so, e.g. a
+    ``hydro tune`` workload file's), for :func:`load_model` in another process; a model that cannot be loaded
+    from its checkpoint (e.g. a custom training loop's) or pickled is logged and left out."""
     try:
-        torch.save(model, path, pickle_module=cloudpickle)
-    except Exception as error:  # noqa: BLE001 - the checkpoint still holds its weights
+        torch.save(load_model(result, spec), path, pickle_module=cloudpickle)
+    except Exception as error:  # noqa: BLE001 - the checkpoint still holds what the trial saved
         logger.warning("hydro: the trained full-size model could not be saved whole to %s (%s: %s); load it from its "
                        "checkpoint with hydro.tune.load_model(target_result(results, spec), spec)", path,
                        type(error).__name__, error)

@@ -155,7 +155,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
                                    fusion=max_fusion if in_trial else fusion,             # before Ray starts
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)), run_reporter=False,
-                                   trial_resources=None if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
+                                   trial_resources={} if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
                                    **transfer)  # fill trials train in the bubbles of the jobs' own devices
     hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
     if storage_path is not None and "://" not in storage_path:  # Ray takes only absolute local paths

@@ -149,7 +149,12 @@ class RunReporter(MemberProgress, KeepResultsOnRetry, AirProgressReporter):
                            storage.storage_filesystem.type_name)
             return
         results = [self._result(trial) for trial in trials if trial.last_result]
-        table, best = write_results(results, self.searcher.spec, storage.experiment_fs_path)
+        try:
+            table, best = write_results(results, self.searcher.spec, storage.experiment_fs_path)
+        except Exception as error:  # noqa: BLE001 - the run itself is done: Tuner.fit() returns its results
+            logger.error("writing the member table to %s failed (%s: %s); write it with hydro.tune.write_results("
+                         "results, spec) after Tuner.fit()", storage.experiment_fs_path, type(error).__name__, error)
+            return
         rejected = self.searcher.rejected_members()
         if best is None:
             logger.error("%s; written: %s", failure_summary(results, rejected), table)

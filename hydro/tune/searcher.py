@@ -139,8 +139,8 @@ class HydroSearcher(Searcher):
     measures with as many. ``trial_resources``: one trial's Ray resources as its trainable asks for them
     (``{"CPU": 1, "GPU": 0.5}``; ``fit`` passes them): the search's fused trials then hold at most an even share of
     ``num_samples`` per trial that trains at once, so that every slot trains (default: unknown until the first
-    trials report theirs; in a ``tune.Tuner`` run, read from its trainable's resource request: Tune's default
-    for a function trainable is 1 CPU). ``run_reporter``: in a ``tune.Tuner`` run, add a
+    trials report theirs; ``None`` in a ``tune.Tuner`` run: read from its trainable's resource request, Tune's
+    default for a function trainable being 1 CPU; ``{}``: unknown until the trials report theirs). ``run_reporter``: in a ``tune.Tuner`` run, add a
     :class:`~hydro.tune.run_reporter.RunReporter` to it (member progress in place of Ray's trial reporter; the
     member table, best configuration and trained model written to the run directory at the end).
     """
@@ -179,7 +179,7 @@ class HydroSearcher(Searcher):
                                  trial_request={k.upper(): float(v) for k, v in (trial_resources or {}).items()})
         self._service = None
         self._scheduler_checked = False
-        self._run_reporter = run_reporter
+        self._run_reporter, self._learn_resources = run_reporter, trial_resources is None
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -192,7 +192,7 @@ class HydroSearcher(Searcher):
             raise ValueError(f"mode {mode!r} differs from TuneSpec.mode {self.spec.mode!r}")
         check_batch_size_space(config or {})
         run = tune_run_locals()
-        if run is not None and not self.state.trial_request:
+        if run is not None and self._learn_resources and not self.state.trial_request:
             self.state.trial_request = self._run_trial_request(run)
         if run is not None and self._run_reporter:
             attach(self)
