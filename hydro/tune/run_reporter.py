@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -100,16 +101,19 @@ class RunReporter(MemberProgress, KeepResultsOnRetry, AirProgressReporter):
         if self.searcher is not None:
             show_progress()
 
-    def setup(self, **info) -> None:
-        """Tune sets up its callbacks and its reporter with different arguments; this is both."""
+    def setup(self, start_time: float | None = None, **info) -> None:
+        """Tune sets up its callbacks and its reporter (with the run's ``start_time``) alike; this is both."""
+        self._start_time = start_time or self._start_time or time.time()
 
     def experiment_started(self, experiment_name: str, experiment_path: str, **info) -> None:
         """Instead of Ray's header: where the results go; Ray's own reporter of the run prints no trial table."""
-        if self.searcher is None:
-            return
         for callback in (tune_run_locals() or {}).get("callbacks", ()):
             if isinstance(callback, AirProgressReporter) and callback is not self:
-                callback._verbosity = AirVerbosity.SILENT  # its errors still print
+                callback._start_time = self._start_time  # Tune sets up only the reporter it prints with
+                if self.searcher is not None:
+                    callback._verbosity = AirVerbosity.SILENT  # its errors still print
+        if self.searcher is None:
+            return
         logger.info("tuning %d member configurations with %s; results in %s", self.num_samples,
                     type(self.searcher.inner).__name__, experiment_path)
 
