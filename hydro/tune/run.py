@@ -24,7 +24,7 @@ from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import failure_summary, failures_line, write_results
 from hydro.tune.retry_logs import KeepResultsOnRetry
 from hydro.tune.searcher import HydroSearcher
-from hydro.tune.space_check import check_batch_size_space
+from hydro.tune.space_check import check_batch_size_space, other_values
 from hydro.tune.trainable import require_resources, trainable, trial_resources
 from schedulers.scale_choice import AUTO, AUTO_SCALES
 
@@ -63,7 +63,7 @@ def prepare(spec: TuneSpec, param_space: dict, *, scale: int | str = 1, seed: in
     data = spec.load_data()
     config = _checked_config(param_space, seed)
     check_workload(spec, config, AUTO_SCALES[-1] if scale == AUTO else scale, data)
-    check_group_by(spec, config, _other_values(param_space, config, seed), mup=scale != 1)
+    check_group_by(spec, config, other_values(param_space, config, seed), mup=scale != 1)
     return data
 
 
@@ -71,16 +71,6 @@ def _checked_config(param_space: dict, seed: int) -> dict:
     """The configuration :func:`prepare` checks the workload with (and ``fit`` measures ``scale="auto"`` on)."""
     return RandomSearch(param_space, seed=seed).suggest("check")
 
-
-def _other_values(param_space: dict, config: dict, seed: int, draws: int = 8) -> dict:
-    """Per top-level key of ``config``, the first value other than ``config``'s in ``draws`` further
-    configurations drawn from ``param_space`` (keys that kept one value are left out)."""
-    search, values = RandomSearch(param_space, seed=seed + 1), {}
-    for draw in range(draws):
-        for key, value in search.suggest(f"check{draw}").items():
-            if key not in values and value != config.get(key):
-                values[key] = value
-    return values
 
 
 class TuningFailed(RuntimeError):

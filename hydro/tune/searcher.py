@@ -29,7 +29,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.sample import Domain
 
 from hydro.checks import is_count
-from hydro.trial.check import check_member
+from hydro.trial.check import check_group_by, check_member
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
 from hydro.trial.data import DataSource
@@ -40,7 +40,7 @@ from hydro.tune.member_rules import refuse_trial_scheduler, stopping_rule
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.run_reporter import attach, tune_run_locals
 from hydro.tune.session import ERROR_KEY, MEMBERS_KEY, TRIAL_CPUS_KEY, TRIAL_GPUS_KEY
-from hydro.tune.space_check import check_batch_size_space
+from hydro.tune.space_check import check_batch_size_space, other_values
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
@@ -140,9 +140,12 @@ class HydroSearcher(Searcher):
     (``{"CPU": 1, "GPU": 0.5}``; ``fit`` passes them): the search's fused trials then hold at most an even share of
     ``num_samples`` per trial that trains at once, so that every slot trains (default: unknown until the first
     trials report theirs; ``None`` in a ``tune.Tuner`` run: read from its trainable's resource request, Tune's
-    default for a function trainable being 1 CPU; ``{}``: unknown until the trials report theirs). ``run_reporter``: in a ``tune.Tuner`` run, add a
-    :class:`~hydro.tune.run_reporter.RunReporter` to it (member progress in place of Ray's trial reporter; the
-    member table, best configuration and trained model written to the run directory at the end).
+    default for a function trainable being 1 CPU; ``{}``: unknown until the trials report theirs).
+    ``run_reporter``: in a ``tune.Tuner`` run, do what ``fit`` does around its run (``fit`` passes ``False``): before
+    the first trial, refuse a key outside ``TuneSpec.group_by`` that changes the model
+    (:func:`~hydro.trial.check.check_group_by`), and add a :class:`~hydro.tune.run_reporter.RunReporter` (member
+    progress in place of Ray's trial reporter; the member table, best configuration and trained model written to
+    the run directory at the end). A non-integer batch size in the param space is refused either way.
     """
 
     def __init__(self, spec: TuneSpec, searcher: Searcher | None = None, *, num_samples: int, scale: int | str = 1,
@@ -192,10 +195,13 @@ class HydroSearcher(Searcher):
             raise ValueError(f"mode {mode!r} differs from TuneSpec.mode {self.spec.mode!r}")
         check_batch_size_space(config or {})
         run = tune_run_locals()
+        if run is not None and self._run_reporter and config:
+            member = RandomSearch(config, seed=0).suggest("check")
+            check_group_by(self.spec, member, other_values(config, member, 0), mup=self.scale != 1)
         if run is not None and self._learn_resources and not self.state.trial_request:
             self.state.trial_request = self._run_trial_request(run)
         if run is not None and self._run_reporter:
-            attach(self)
+            attach(self)  # last: Tune makes the run's callbacks next
         self.state.space = config or self.state.space
         return self.inner.set_search_properties(self.spec.metric, self.spec.mode, config, **spec)
 

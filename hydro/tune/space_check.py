@@ -1,5 +1,6 @@
 """Checks of a Ray Tune ``param_space`` that need Ray's search-space types, made before any trial starts: a batch
-size must be sampled as an integer (Hydro groups members by it and a ``DataLoader`` takes whole samples)."""
+size must be sampled as an integer (Hydro groups members by it and a ``DataLoader`` takes whole samples); and the
+values the space samples, for :func:`hydro.trial.check.check_group_by`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -7,6 +8,7 @@ from collections.abc import Mapping
 from ray.tune.search.sample import Categorical, Domain, Float, Quantized
 
 from hydro.checks import is_whole
+from hydro.tune.random_search import RandomSearch
 
 BATCH_SIZE_KEY = "batch_size"
 INTEGER_DOMAINS = ("tune.choice([16, 32, 64, 128])", "tune.qrandint(16, 128, 16)", "tune.lograndint(16, 129)")
@@ -37,3 +39,14 @@ def check_batch_size_space(param_space: Mapping) -> None:
         problem = f"is {value!r}, not an integer"
     raise ValueError(f"hydro: param_space['batch_size'] {problem}: Hydro would train with them truncated to integers "
                      f"and report the untruncated values. Sample integers instead, e.g. {', '.join(INTEGER_DOMAINS)}")
+
+
+def other_values(param_space: dict, config: Mapping, seed: int, draws: int = 8) -> dict:
+    """Per top-level key of ``config``, the first value other than ``config``'s in ``draws`` configurations drawn
+    from ``param_space`` (keys that kept one value are left out)."""
+    search, values = RandomSearch(param_space, seed=seed + 1), {}
+    for draw in range(draws):
+        for key, value in search.suggest(f"check{draw}").items():
+            if key not in values and value != config.get(key):
+                values[key] = value
+    return values

@@ -15,6 +15,7 @@ from ray import tune
 
 from hydro.tune import HydroSearcher, load_model, trainable
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, MODEL_FILE, target_result
+from tests.tune.real_workloads import width_not_grouped
 from tests.tune.workload import SPACE, small_digits, spec
 
 
@@ -49,3 +50,15 @@ def test_a_plain_tuner_reports_members_writes_the_results_and_fills_the_slots(ra
     with torch.no_grad():
         assert (model(x).argmax(-1) == y).float().mean().item() == pytest.approx(best["value"], abs=1e-6)
     assert "RAY_TUNE_CALLBACKS" not in os.environ  # the hook is restored once the run's callbacks are made
+
+
+def test_a_plain_tuner_refuses_a_key_outside_group_by_before_the_first_trial(ray_cluster, tmp_path):
+    workload, space = width_not_grouped()
+    searcher = HydroSearcher(workload, num_samples=4, scale=4)
+    tuner = tune.Tuner(trainable(workload), param_space=space,
+                       tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1),
+                       run_config=tune.RunConfig(name="grouped", storage_path=str(tmp_path)))
+    with pytest.raises(Exception, match=r"TuneSpec.group_by misses 'width'.*TuneSpec\(group_by=\['width'\]\)"):
+        tuner.fit()
+    assert not searcher.state.ledger.trials  # no trial started
+    assert "RAY_TUNE_CALLBACKS" not in os.environ
