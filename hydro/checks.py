@@ -3,6 +3,7 @@ owner), its value and the rule it breaks, e.g. ``plan_fusion: steps must be an i
 got 0`` or ``TuneSpec.epochs must be an int >= 1, got 0``."""
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,13 @@ Rule = tuple[str, Any, Callable[[Any], Any], str]  # (name, value, ok(value) -> 
 def is_count(value: Any, low: int = 1) -> bool:
     """``value`` is an ``int`` (not a ``bool``) >= ``low``."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def is_whole(value: Any) -> bool:
+    """``value`` is an integer number: an ``int`` (not a ``bool``), a numpy integer or an integer-valued float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return isinstance(value, numbers.Integral) or float(value).is_integer()
 
 
 def check(prefix: str, *rules: Rule) -> None:

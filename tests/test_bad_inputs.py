@@ -40,6 +40,7 @@ from hydro.tune.pipeline_job import PipelineJob
 from hydro.tune.run import check_arguments, fit, prepare
 from schedulers.member_stopping import ASHA, ConvergenceStopping
 from tests.tune import fault_workloads as FAULTS
+from tests.tune import real_workloads
 from tests.tune.workload import SPACE, spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -480,6 +481,22 @@ CASES = [
          "nowhere holds no run to resume (no tuner.pkl)"),
     case("searcher-lost-trial-retries-negative", lambda: searcher(lost_trial_retries=-1), ValueError,
          "lost_trial_retries must be an int >= 0, got -1"),
+    # real workloads
+    case("batch-size-uniform", lambda: prepare(*real_workloads.float_batch_size()), ValueError,  # fixed
+         "param_space['batch_size'] is a float range [16, 128], which samples non-integer batch sizes"),
+    case("batch-size-float", lambda: prepare(spec(), {**SPACE, "batch_size": 97.7}), ValueError,  # fixed
+         "param_space['batch_size'] is 97.7, not an integer"),
+    case("batch-size-choice-of-floats", lambda: prepare(spec(), {**SPACE, "batch_size": ray.tune.choice([32, 97.5])}),
+         ValueError, "param_space['batch_size'] offers non-integer batch sizes [97.5]"),  # fixed
+    case("batch-size-uniform-in-a-tuner", lambda: searcher().set_search_properties(  # fixed
+        None, None, {**SPACE, "batch_size": ray.tune.uniform(16, 128)}), ValueError,
+         "Sample integers instead, e.g. tune.choice([16, 32, 64, 128]), tune.qrandint(16, 128, 16)"),
+    case("group-by-misses-a-width", lambda: prepare(*real_workloads.width_not_grouped(), scale=4),  # fixed
+         WorkloadError, "TuneSpec.group_by misses 'width'"),
+    case("group-by-misses-a-dropout-p", lambda: prepare(*real_workloads.dropout_not_grouped()),  # fixed
+         WorkloadError, "TuneSpec.group_by misses 'p'"),
+    case("load-model-run-directory-without-a-model", lambda: hydro.tune.load_model("no_such_run"),  # fixed
+         ValueError, "hydro.tune.load_model: no_such_run holds no trained full-size model (hydro_model.pt)"),
 ]
 
 
@@ -597,6 +614,13 @@ CLI_CASES = [  # argparse's own errors first, then Hydro's (one line, exit code 
          "hydro tune: hydro: the training data's inputs hold 1 NaN or inf value(s)"),
     case("workload-loss-broadcasts", ["tune", "--workload", f"{FAULT_WORKLOADS}:mse_broadcast"], "hydro",  # fixed
          "MSELoss pairs each member's output (32, 1) with the target (32,) element by element"),
+    # real workloads
+    case("batch-size-uniform", ["tune", "--workload", "tests.tune.real_workloads:float_batch_size"], "hydro",  # fixed
+         "hydro tune: hydro: param_space['batch_size'] is a float range [16, 128]"),
+    case("group-by-misses-a-width", ["tune", "--workload", "tests.tune.real_workloads:width_not_grouped",  # fixed
+                                     "--scale", "4"], "hydro", "hydro tune: hydro: TuneSpec.group_by misses 'width'"),
+    case("group-by-misses-a-dropout-p", ["tune", "--workload", "tests.tune.real_workloads:dropout_not_grouped"],
+         "hydro", "hydro tune: hydro: TuneSpec.group_by misses 'p'"),  # fixed
 ]
 
 

@@ -11,11 +11,13 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from hydro.binder import FuseError
+from hydro.checks import is_whole
 from hydro.optim.dynamo_guard import optimizers_unguarded
 from hydro.shrink.errors import ShrinkError
+from hydro.trial.data import DataSource, TensorSource
+from hydro.trial.members import build_members
 from hydro.trial.optimizer import UnsupportedOptimizer
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
-from hydro.trial.data import DataSource, TensorSource
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 
@@ -47,8 +49,9 @@ def check_member(spec: TuneSpec, config: Mapping) -> str | None:
     or a missing key), or ``None``. The model is built on the meta device (no memory, no init) and, if that
     fails, on the CPU, so a model that cannot be built on meta is not rejected for it."""
     try:
-        if spec.batch_size_of(config) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {spec.batch_size_of(config)}")
+        size = config.get("batch_size", spec.batch_size)
+        if not is_whole(size) or size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {size!r}")
         with optimizers_unguarded():  # a probe, as hydro.trial.optimizer's
             spec.optimizer([torch.nn.Parameter(torch.zeros(1))], config)
         try:
@@ -121,3 +124,31 @@ def check_finite(data: tuple[DataSource, DataSource]) -> None:
                     raise WorkloadError(f"hydro: the {name} data's {part} hold {bad} NaN or inf value(s) "
                                         f"(TuneSpec.data()): every member trained on them diverges; clean or drop "
                                         f"them (e.g. torch.nan_to_num, or a mask on torch.isfinite)")
+
+
+def check_group_by(spec: TuneSpec, config: Mapping, values: Mapping, mup: bool) -> None:
+    """Raise :class:`WorkloadError` when a key outside ``TuneSpec.group_by`` changes the model or the optimizer's
+    kind: ``values`` holds, per key, another value the param space samples for it (``config`` is a member's
+    configuration); the configuration with it and ``config`` are built as two fused full-size members (µP when
+    ``mup``, as a shrunk run's members), and each key that alone makes them unfusable is named."""
+    def fusable(configs: list[Mapping]) -> bool:
+        try:
+            build_members(spec, configs, ["check0", "check1"], 1, fuse=True, mup=mup)
+        except (FuseError, UnsupportedOptimizer):
+            return False
+        except Exception:  # noqa: BLE001 - the configuration itself fails: check_member rejects it when drawn
+            return True
+        return True
+
+    free = {k: v for k, v in values.items() if k not in spec.group_by and k != "batch_size" and v != config.get(k)}
+    if not free or fusable([config, {**config, **free}]):
+        return
+    keys = [k for k, v in free.items() if fusable([{**config, k: v}] * 2) and not fusable([config, {**config, k: v}])]
+    if not keys:
+        return  # only a combination of keys fails: the members' trials report it
+    shown = "; ".join(f"{k}={config.get(k)!r} vs {k}={free[k]!r}" for k in keys)
+    fix = [*spec.group_by, *keys]
+    raise WorkloadError(f"hydro: TuneSpec.group_by misses {', '.join(map(repr, keys))}: configurations that differ "
+                        f"only in {'it' if len(keys) == 1 else 'them'} build models (or optimizers) that cannot share "
+                        f"a fused trial ({shown}). Fix: TuneSpec(group_by={fix!r}), so that members with different "
+                        f"values train in separate fused trials (group_by is now {list(spec.group_by)})")

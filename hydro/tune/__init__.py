@@ -4,9 +4,10 @@ transfer to the full-size target, per-member results.
 ``TuneSpec`` (the workload in plain torch), ``trainable(spec)`` (the function trainable), ``HydroSearcher``
 (the ``search_alg``), ``MemberSession`` (per-member reporting from a custom training loop),
 ``member_table``/``best_configuration``/``write_results`` (results), ``load_model`` (the trained full-size
-model as the user's module), ``fit`` (all of it in one call), ``resume`` (go on with an interrupted ``fit`` run, on
-the same loopback-only local cluster), ``MemberProgress`` (progress in members) and
-``KeepResultsOnRetry`` (a retried trial keeps the results it logged; ``fit`` adds it).
+model as the user's module, from a run directory or a trial's result), ``fit`` (all of it in one call),
+``resume`` (go on with an interrupted ``fit`` run, on the same loopback-only local cluster), ``MemberProgress``
+(progress in members) and ``KeepResultsOnRetry`` (a retried trial keeps the results it logged; ``fit`` adds it,
+and a ``HydroSearcher`` to a plain ``tune.Tuner`` run).
 """
 from hydro.tune.progress import MemberProgress
 from hydro.tune.retry_logs import KeepResultsOnRetry

@@ -21,8 +21,9 @@ from hydro.tune import energy_scheduler
 from hydro.tune.examples import EXAMPLES
 from hydro.trial.check import describe
 from hydro.trial.spec import TuneSpec
-from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table, target_result
 from hydro.trial.plan import TrialKind
+from hydro.tune.ray_output import ray_output
+from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
 from hydro.tune.run import (PACKAGE_ROOT, TuningFailed, asha, check_arguments, check_run_dir, check_storage, fit,
                             optuna_tpe, prepare, resume, start_local_cluster)
 from hydro.tune.trainable import require_resources, trial_resources
@@ -30,6 +31,16 @@ from schedulers.scale_choice import AUTO, checked_scale
 from schedulers.transfer import STAGE_OPTIONS, Disagreement, TransferPolicy
 
 logger = logging.getLogger(__name__)
+
+TOP_ROWS = 10  # member rows printed (all of them are in the member table file)
+STILL_TRAINING = "-"  # stop_epoch of a member that early stopping did not end
+LEGEND = f"""
+member: mNNNNN one sampled configuration, mNNNNN@S its re-training at scale S (the width ladder), #k a seed repeat;
+  target: the returned configuration at full size (the first row; fallback targets: more configurations at full
+  size, the best one returned). kind: surrogate (shrunk by --scale, fused), target (full size), plain (full size,
+  unfused). trial: the Ray trial (a fused group) that trained it. epochs: epochs it trained. stop_epoch: the epoch
+  early stopping ended it at ({STILL_TRAINING}: it trained every epoch). A "group (64,)" in the log: members that
+  may share fused trials, keyed by (batch size, TuneSpec.group_by values)."""
 
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
@@ -83,6 +94,9 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                              "configuration is the answer (without it, a run that ends without its target exits 1)")
     parser.add_argument("--name", help="run name (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true",
+                        help="also Ray's trial table and log lines, and every member row (default: Hydro's member "
+                             f"progress and the top {TOP_ROWS} rows; all of them are in {MEMBER_TABLE_FILE})")
     _add_transfer_arguments(parser)
     energy_scheduler.add_arguments(parser)
     parser.add_argument("--bubbles", action="store_true",
@@ -235,41 +249,44 @@ def run(args: argparse.Namespace) -> int:
         data = prepare(spec, space, scale=args.scale, seed=args.seed)
     except ValueError as error:  # a WorkloadError too
         raise UsageError(f"hydro tune: {error}") from None
-    if connect(args.address) and not args.bubbles:
+    with ray_output(args.verbose):
+        started = connect(args.address)
+    if started and not args.bubbles:
         try:
             require_resources(trial_resources(spec, gpus_per_trial=args.gpus_per_trial), strict=True)
         except ValueError as error:
             raise UsageError(f"hydro tune: {error}") from None
+    rows = None if args.verbose else TOP_ROWS
     try:
         if args.resume:
             results, searcher = resume(args.resume, spec, data=data, energy=energy, bubbles=args.bubbles,
                                        gpus_per_trial=args.gpus_per_trial,
-                                       plan_fusion=args.fusion == AUTO and args.gpus_per_trial > 0)
+                                       plan_fusion=args.fusion == AUTO and args.gpus_per_trial > 0,
+                                       verbose=2 if args.verbose else 1)
         else:
             results, searcher = fit(spec, space, num_samples=args.samples, scale=args.scale, fusion=args.fusion,
                              scheduler=asha(spec) if args.scheduler == "asha" else None,
                              searcher=optuna_tpe(args.seed) if args.searcher == "optuna" else None,
                              transfer_fraction=None if args.no_target else args.transfer_fraction,
                              storage_path=args.storage, name=args.name, max_failures=args.max_failures,
-                             seed=args.seed, data=data, energy=energy,
+                             seed=args.seed, data=data, energy=energy, verbose=2 if args.verbose else 1,
                              bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial, **transfer_options(args))
     except TuningFailed as failed:
-        _print_members(failed.results, spec)
+        _print_members(failed.results, spec, rows)
         print(f"\nhydro tune: {failed}\nwritten: {os.path.join(failed.results.experiment_path, MEMBER_TABLE_FILE)}",
               file=sys.stderr)
         return 1
     elapsed = time.perf_counter() - start
     scale = f"{searcher.scale}, chosen by --scale auto" if args.scale == AUTO else args.scale
     print(f"\nHydro: {args.samples} members (scale {scale}, fusion {args.fusion}) in {elapsed:.0f} s\n")
-    _print_members(results, spec)
+    _print_members(results, spec, rows)
     best = best_configuration(results, spec)
     print(f"\nbest configuration ({best['kind']}, {spec.metric} = {best['value']:.4f}): {best['config']}")
-    target = target_result(results)
-    if target is not None and target.checkpoint is not None:
-        print(f"trained full-size model: {target.checkpoint.path} "
-              f"(hydro.tune.load_model(result, spec) returns it as your model)")
-    print(f"written: {os.path.join(results.experiment_path, MEMBER_TABLE_FILE)}, "
-          f"{os.path.join(results.experiment_path, BEST_FILE)}")
+    run_dir = results.experiment_path
+    if best["checkpoint"] is not None:
+        print(f"trained full-size model: {best['checkpoint']} (your model, trained: "
+              f"hydro.tune.load_model({run_dir!r}))")
+    print(f"written: {os.path.join(run_dir, MEMBER_TABLE_FILE)}, {os.path.join(run_dir, BEST_FILE)}")
     return _target_missing(results, spec, args, with_target=searcher.transfer.fraction is not None)
 
 
@@ -334,7 +351,15 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
                          f"an embedded local cluster") from None
 
 
-def _print_members(results, spec: TuneSpec) -> None:
+def _print_members(results, spec: TuneSpec, rows: int | None) -> None:
+    """The member table, the returned target first: its first ``rows`` rows (``None``: all), then what its
+    columns and member names mean."""
     table = member_table(results, spec)
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 80):
-        print(table.drop(columns=["error"]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    shown = table.drop(columns=["error"]).rename(columns=lambda c: c.removeprefix("config/"))
+    if "stop_epoch" in shown:
+        shown["stop_epoch"] = [STILL_TRAINING if pd.isna(v) else int(v) for v in shown["stop_epoch"]]
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", None):
+        print(shown.head(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if rows is not None and len(table) > rows:
+        print(f"... {len(table) - rows} more rows in {MEMBER_TABLE_FILE} (hydro tune --verbose prints them all)")
+    print(LEGEND)

@@ -1,8 +1,8 @@
 """Progress of a Hydro run in members, not fused trials: a Ray Tune ``Callback`` that logs one line every
 ``interval_s`` seconds (and at the end) — members running/stopped/finished/failed/to start, the best member so
 far and the full-size target's status. ``hydro.tune.run.fit`` uses it instead of Ray's trial table (whose
-header counts ``num_samples=-1`` as 9223372036854775807 trials). In your own ``tune.Tuner``: add it to
-``RunConfig(callbacks=...)``; Ray's header goes only with ``verbose=0`` and ``RAY_AIR_NEW_OUTPUT=0``."""
+header counts ``num_samples=-1`` as 9223372036854775807 trials). A plain ``tune.Tuner`` with a ``HydroSearcher``
+gets it without asking (:class:`~hydro.tune.run_reporter.RunReporter`)."""
 from __future__ import annotations
 
 import logging

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 import torch
+from ray import cloudpickle
 from ray.tune import Result, ResultGrid
 from torch import nn
 
@@ -20,18 +22,22 @@ from hydro.trial.spec import TuneSpec
 from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
 from hydro.tune.trainable import STATE_FILE
 
-MEMBER_TABLE_FILE, BEST_FILE = "hydro_members.csv", "hydro_best.json"
+MEMBER_TABLE_FILE, BEST_FILE, MODEL_FILE = "hydro_members.csv", "hydro_best.json", "hydro_model.pt"
 ENERGY_COLUMNS = ("energy_j", "cost")  # each member's share (J) when trials are energy-tuned
+
+logger = logging.getLogger(__name__)
 
 
 def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
     """One row per member: ``member``, ``kind`` (surrogate/target/plain), ``trial`` (the fused trial),
     ``config/<key>`` values, final metrics, ``epochs`` trained, ``stop_epoch`` (early-stopped members) and
-    ``error`` (its trial failed while it trained)."""
+    ``error`` (its trial failed while it trained). The full-size targets come first (the returned one, the best,
+    first), then the other rows, each best first by ``spec.metric``; members that failed after their targets'
+    and other rows of their kind."""
     rows = []
     for result in current_results(results):
         plan = plan_of(result.config)
-        trial = (result.metrics or {}).get("trial_id", os.path.basename(result.path))
+        trial = _trial_id(result)
         history = result.metrics_dataframe
         failed = result.error is not None or bool((result.metrics or {}).get(ERROR_KEY))
         for member, config in plan.members:
@@ -42,7 +48,9 @@ def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
             rows.append(row)
     table = pd.DataFrame(rows)
     if not table.empty and spec.metric in table:
-        table = table.sort_values(spec.metric, ascending=spec.mode == "min", na_position="last")
+        table = table.assign(_other=table["kind"] != TrialKind.TARGET)
+        table = table.sort_values(["_other", "error", spec.metric], ascending=[True, True, spec.mode == "min"],
+                                  na_position="last", kind="stable").drop(columns="_other")
     return table.reset_index(drop=True)
 
 
@@ -85,7 +93,7 @@ def best_configuration(results: ResultGrid, spec: TuneSpec) -> dict | None:
     table = member_table(results, spec)
     if table.empty or spec.metric not in table:
         return None
-    finite = table[[isinstance(v, (int, float)) and math.isfinite(v) and not error
+    finite = table[[_finite(v) and not error
                     for v, error in zip(table[spec.metric], table["error"])]]  # a failed member's last value
     if finite.empty:                                                        # is not its result
         return None
@@ -93,10 +101,13 @@ def best_configuration(results: ResultGrid, spec: TuneSpec) -> dict | None:
     row = (targets if not targets.empty else finite).iloc[0]
     config = {k.split("/", 1)[1]: _plain(v) for k, v in row.items() if k.startswith("config/") and _present(v)}
     source = next((plan_of(r.config).source for r in results
-                   if r.config is not None and (r.metrics or {}).get("trial_id") == row["trial"]), {})
+                   if r.config is not None and _trial_id(r) == row["trial"]), {})
+    result = _result_of(results, row["trial"])
+    checkpoint = result.checkpoint if result is not None and row["kind"] != TrialKind.SURROGATE else None
     return {"config": config, "kind": row["kind"], "metric": spec.metric, "mode": spec.mode,
             "value": float(row[spec.metric]), "metrics": {k: _plain(row.get(k)) for k in spec.metric_names()},
-            "member": row["member"], "source": source}
+            "member": row["member"], "source": source, "trial": row["trial"],
+            "checkpoint": None if checkpoint is None else checkpoint.path}
 
 
 def failures(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | None = None) -> dict[str, list[str]]:
@@ -112,6 +123,15 @@ def failures(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | Non
     return causes
 
 
+def failures_line(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | None = None) -> str | None:
+    """One line on the members that failed in a run that has a result (``None``: none failed)."""
+    causes = failures(results, rejected)
+    if not causes:
+        return None
+    return f"hydro: {sum(map(len, causes.values()))} members failed: " + "; ".join(
+        f"{cause} (members {', '.join(members)})" for cause, members in causes.items())
+
+
 def failure_summary(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]] | None = None) -> str:
     """One message for a run in which no member ended with a finite objective."""
     causes = failures(results, rejected)
@@ -122,8 +142,10 @@ def failure_summary(results: ResultGrid, rejected: Mapping[str, tuple[dict, str]
 
 
 def write_results(results: ResultGrid, spec: TuneSpec, directory: str | None = None) -> tuple[str, str | None]:
-    """Write the member table (CSV) and the best configuration (JSON) to ``directory`` (default: the run
-    directory); returns both paths (the JSON's ``None`` when there is no best configuration: no file)."""
+    """Write the member table (CSV), the best configuration (JSON, with the returned full-size model's
+    checkpoint) and that trained model (``hydro_model.pt``, for :func:`load_model` of the run directory) to
+    ``directory`` (default: the run directory); returns the first two paths (the JSON's ``None`` when there is no
+    best configuration: no file)."""
     directory = directory or results.experiment_path
     table_path, best_path = os.path.join(directory, MEMBER_TABLE_FILE), os.path.join(directory, BEST_FILE)
     with atomic_write(table_path) as f:
@@ -133,22 +155,52 @@ def write_results(results: ResultGrid, spec: TuneSpec, directory: str | None = N
         return table_path, None
     with atomic_write(best_path) as f:
         json.dump(best, f, indent=2, default=str)
+    if best["checkpoint"] is not None:
+        _write_model(_result_of(results, best["trial"]), spec, os.path.join(directory, MODEL_FILE))
     return table_path, best_path
 
 
-def target_result(results: ResultGrid) -> Result | None:
-    """The full-size target trial's result (``None`` if the run trained none)."""
-    return next((r for r in current_results(results) if plan_of(r.config).kind == TrialKind.TARGET), None)
+def target_result(results: ResultGrid, spec: TuneSpec | None = None) -> Result | None:
+    """The returned full-size target's result: of several (fallback targets), the best on the objective, the one
+    :func:`best_configuration` reports (``spec``'s; without ``spec``, the run's ``TuneConfig`` metric and mode); a
+    lone target as it ended. ``None`` if the run trained none (with ``spec`` or of several: none that ended with a
+    finite objective). Raises ``ValueError`` for several targets, no ``spec`` and no ``TuneConfig`` metric."""
+    targets = [r for r in current_results(results) if plan_of(r.config).kind == TrialKind.TARGET]
+    if spec is not None:
+        best = best_configuration(results, spec)
+        return None if best is None or best["kind"] != TrialKind.TARGET else _result_of(results, best["trial"])
+    if len(targets) <= 1:
+        return targets[0] if targets else None
+    metric, mode = results._experiment_analysis.default_metric, results._experiment_analysis.default_mode
+    if metric is None:
+        raise ValueError("hydro.tune.target_result: the run trained several full-size targets and its TuneConfig "
+                         "names no metric to choose the returned one by; pass the spec: target_result(results, spec)")
+    finished = [r for r in targets if r.error is None and not (r.metrics or {}).get(ERROR_KEY)
+                and _finite((r.metrics or {}).get(metric))]
+    return max(finished, key=lambda r: r.metrics[metric] * (1 if mode == "max" else -1), default=None)
 
 
-def load_model(result: Result, spec: TuneSpec) -> nn.Module:
-    """The trained full-size model of ``result`` (the target's, e.g. ``results.get_best_result()``, or a plain
-    trial's) from its last checkpoint, as ``spec.model(config)`` builds it: the user's class, in eval mode."""
+def load_model(source: Result | str | os.PathLike, spec: TuneSpec | None = None) -> nn.Module:
+    """The trained full-size model as ``spec.model(config)`` builds it: the user's class, in eval mode. ``source``:
+    a run directory (``hydro tune`` prints it; the returned model that :func:`write_results` saved there, no
+    ``spec`` needed), or a trial's ``Result`` with the ``spec`` (the target's, e.g. ``target_result(results,
+    spec)``, or a plain trial's; its last checkpoint)."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.path.join(source, MODEL_FILE)
+        if not os.path.exists(path):
+            raise ValueError(f"hydro.tune.load_model: {source} holds no trained full-size model ({MODEL_FILE}): "
+                             f"give a run directory of hydro tune / hydro.tune.fit whose full-size target trained, "
+                             f"or load a trial's result: load_model(target_result(results, spec), spec)")
+        return torch.load(path, weights_only=False).eval()
+    if spec is None:
+        raise TypeError("hydro.tune.load_model: loading a trial's result needs the workload: load_model(result, spec)")
+    result = source
     plan = plan_of(result.config)
     if plan.kind == TrialKind.SURROGATE:
         raise ValueError(f"hydro.tune.load_model: trial {result.path} trains fused surrogate members (scale "
                          f"{plan.scale}), not the full-size model; pass the target's result "
-                         f"(hydro.tune.results.target_result(results)), in a run with a transfer_fraction")
+                         f"(hydro.tune.results.target_result(results, spec)), in a run with a transfer_fraction, "
+                         f"or the run directory: load_model(results.experiment_path)")
     if result.checkpoint is None:
         raise ValueError(f"hydro.tune.load_model: trial {result.path} has no checkpoint (it failed before its "
                          f"first, or was stopped before it)")
@@ -163,6 +215,31 @@ def load_model(result: Result, spec: TuneSpec) -> nn.Module:
     model = spec.model(config)
     model.load_state_dict(trained.state_dict())
     return model.eval()
+
+
+def _write_model(result: Result, spec: TuneSpec, path: str) -> None:
+    """Save the trained model of ``result`` whole (its class by value where cloudpickle pickles it so, e.g. a
+    ``hydro tune`` workload file's), for :func:`load_model` in another process; a model that cannot be loaded
+    from its checkpoint (e.g. a custom training loop's) or pickled is logged and left out."""
+    try:
+        torch.save(load_model(result, spec), path, pickle_module=cloudpickle)
+    except Exception as error:  # noqa: BLE001 - the checkpoint still holds what the trial saved
+        logger.warning("hydro: the trained full-size model could not be saved whole to %s (%s: %s); load it from its "
+                       "checkpoint with hydro.tune.load_model(target_result(results, spec), spec)", path,
+                       type(error).__name__, error)
+
+
+def _result_of(results: ResultGrid, trial: str) -> Result | None:
+    """The result of the trial with id ``trial``."""
+    return next((r for r in current_results(results) if _trial_id(r) == trial), None)
+
+
+def _trial_id(result: Result) -> str:
+    return (result.metrics or {}).get("trial_id", os.path.basename(result.path))
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _first_line(error: BaseException) -> str:

@@ -17,21 +17,22 @@ from ray.tune.search.sample import Categorical
 
 from hydro.checks import is_count
 from hydro.energy.tuning import EnergySettings
-from hydro.trial.check import WorkloadError, check_any_workload, describe
+from hydro.trial.check import WorkloadError, check_any_workload, check_group_by, describe
 from hydro.trial.data import DataSource
 from hydro.trial.spec import TuneSpec
 from hydro.tune.bubble_scheduler import BubbleScheduler
 from hydro.tune.energy_scheduler import check_batch_sizes, for_hydro
 from hydro.tune.fill_trainable import bubble_fill
 from hydro.tune.progress import MemberProgress, show_progress
+from hydro.tune.ray_output import ray_output
 from hydro.tune.random_search import RandomSearch
-from hydro.tune.results import failure_summary, failures, write_results
+from hydro.tune.results import failure_summary, failures_line, write_results
 from hydro.tune.retry_logs import KeepResultsOnRetry
 from hydro.tune.searcher import HydroSearcher
+from hydro.tune.space_check import check_batch_size_space, other_values
 from hydro.tune.trainable import require_resources, trainable, trial_resources
 from schedulers.scale_choice import AUTO, AUTO_SCALES
 
-NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ def prepare(spec: TuneSpec, param_space: dict, *, scale: int | str = 1, seed: in
         raise WorkloadError(f"hydro: param_space must be a dict of the hyperparameters to tune, e.g. "
                             f"{{'lr': tune.loguniform(1e-4, 1e-1)}}; got {param_space!r}")
     check_space(param_space)
+    check_batch_size_space(param_space)
     data = spec.load_data()
     draws = RandomSearch(param_space, seed=seed)  # its first draw: _checked_config's
     configs = (draws.suggest(f"check{i}") for i in range(CHECKED_CONFIGS))
@@ -128,6 +130,7 @@ def prepare(spec: TuneSpec, param_space: dict, *, scale: int | str = 1, seed: in
         logger.warning("hydro: the configuration %s fails numerically in the workload check (it diverges at once; "
                        "drawn in the run, its members fail alone); %s passed it", _checked_config(param_space, seed),
                        passed)
+    check_group_by(spec, passed, other_values(param_space, passed, seed), mup=scale != 1)
     return data
 
 
@@ -152,22 +155,6 @@ def check_space(param_space: Mapping, prefix: str = "") -> None:
                              f"it at least one or leave the key out")
         if isinstance(value, Mapping) and "grid_search" not in value:
             check_space(value, f"{name}.")
-
-
-@contextlib.contextmanager
-def _ray_output(show: bool):
-    """Ray's own trial table when ``show``; else none at all (Ray 2.60's default output prints its header, e.g.
-    "Number of trials 9223372036854775807", at any verbosity; its legacy output obeys ``verbose=0``)."""
-    saved = os.environ.get(NEW_OUTPUT)
-    if not show:
-        os.environ[NEW_OUTPUT] = "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(NEW_OUTPUT, None)
-        else:
-            os.environ[NEW_OUTPUT] = saved
 
 
 class TuningFailed(RuntimeError):
@@ -211,13 +198,13 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
 
     ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
     process before any trial starts. ``verbose``: 0 silent, 1 member
-    progress (logger ``hydro.tune.progress``), 2 also Ray's trial table. ``max_failures``: retries of a trial
-    whose process or storage was lost (killed, e.g. by the OOM killer; a lost node; a hung fill; a checkpoint that
-    could not be written) from its last checkpoint, then as many fresh trials of its members
-    (``HydroSearcher(lost_trial_retries=...)``), so that a stage does not go on without them; an exception of the
-    trial's own code (building or training its members) fails its live members without a retry, and the run logs a
-    summary of the members that failed and why. Ray started here (none was initialised) is
-    :func:`start_local_cluster`'s: listening on 127.0.0.1 only. ``energy``:
+    progress (logger ``hydro.tune.progress``), 2 also Ray's trial table and log lines
+    (:mod:`hydro.tune.ray_output`). ``max_failures``: retries of a trial whose process or storage was lost
+    (killed, e.g. by the OOM killer; a lost node; a hung fill; a checkpoint that could not be written) from its
+    last checkpoint, then as many fresh trials of its members (``HydroSearcher(lost_trial_retries=...)``), so that
+    a stage does not go on without them; an exception of the trial's own code (building or training its members)
+    fails its live members without a retry, and the run logs a summary of the members that failed and why. Ray
+    started here (none was initialised) is :func:`start_local_cluster`'s: listening on 127.0.0.1 only. ``energy``:
     energy-tune the trials (:func:`hydro.tune.energy_scheduler.for_hydro` schedules them). ``bubbles``: the fused
     trials run in the bubbles of the pipeline jobs registered with the cluster's placement service (late-stage
     trials and the target on its dedicated workers; see :mod:`hydro.tune.fill_trainable`).
@@ -245,14 +232,15 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,  # checks its arguments
                                    fusion=max_fusion if in_trial else fusion,             # before Ray starts
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
-                                   seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)),
+                                   seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)), run_reporter=False,
                                    lost_trial_retries=max_failures,
-                                   trial_resources=None if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
+                                   trial_resources={} if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
                                    **transfer)  # fill trials train in the bubbles of the jobs' own devices
     hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
     started = not ray.is_initialized()
     if started:  # a local cluster of this machine, which cannot grow to fit a trial
-        start_local_cluster()
+        with ray_output(verbose >= 2):
+            start_local_cluster()
     if not bubbles:  # fill trials run on the placement service's hosts, not on resources of their own
         require_resources(trial_resources(spec, cpus_per_trial, gpus_per_trial), strict=started)
     progress = [MemberProgress(spec.metric, spec.mode, num_samples)] if verbose >= 1 else []
@@ -260,7 +248,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
         show_progress()
     tuner = tune.Tuner(
         bubble_fill(spec) if bubbles else
-        trainable(spec, data, energy, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial, plan_fusion=in_trial),
+        trainable(spec, data, energy, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
+                  plan_fusion=in_trial, quiet=verbose < 2),
         param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
                                     scheduler=BubbleScheduler() if bubbles else
@@ -272,7 +261,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
                                   failure_config=tune.FailureConfig(max_failures=max_failures),
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
     )
-    with _ray_output(verbose >= 2):
+    with ray_output(verbose >= 2):
         results = tuner.fit()
     return _finish(results, spec, hydro_searcher)
 
@@ -289,15 +278,17 @@ def resume(run_dir: str, spec: TuneSpec, *, data: tuple[DataSource, DataSource] 
     interface). Returns and raises as :func:`fit`; raises ``ValueError`` when ``run_dir`` holds no run."""
     run_dir = check_run_dir(run_dir)
     if not ray.is_initialized():
-        start_local_cluster()
+        with ray_output(verbose >= 2):
+            start_local_cluster()
     function = bubble_fill(spec) if bubbles else trainable(spec, data, energy, cpus_per_trial=cpus_per_trial,
-                                                            gpus_per_trial=gpus_per_trial, plan_fusion=plan_fusion)
+                                                            gpus_per_trial=gpus_per_trial, plan_fusion=plan_fusion,
+                                                            quiet=verbose < 2)
     tuner = tune.Tuner.restore(run_dir, function, resume_errored=True)
     searcher = tuner._local_tuner._tune_config.search_alg  # Tune restores its state from the run's checkpoint
     if not isinstance(searcher, HydroSearcher):
         raise ValueError(f"hydro: {run_dir} is a Ray Tune run without a HydroSearcher; resume it with "
                          f"tune.Tuner.restore")
-    with _ray_output(verbose >= 2):
+    with ray_output(verbose >= 2):
         results = tuner.fit()
     return _finish(results, spec, searcher)
 
@@ -319,9 +310,7 @@ def _finish(results: tune.ResultGrid, spec: TuneSpec,
     _, best = write_results(results, spec)
     if best is None:
         raise TuningFailed(failure_summary(results, searcher.rejected_members()), results, searcher)
-    causes = failures(results, searcher.rejected_members())
-    if causes:
-        logger.warning("hydro: %d members failed: %s",
-                       sum(map(len, causes.values())),
-                       "; ".join(f"{cause} (members {', '.join(members)})" for cause, members in causes.items()))
+    line = failures_line(results, searcher.rejected_members())
+    if line:
+        logger.warning(line)
     return results, searcher

@@ -16,19 +16,20 @@ import logging
 import math
 import os
 import pickle
-import sys
 import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import ray
+from ray.tune import PlacementGroupFactory
+from ray.tune.registry import get_trainable_cls
 from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.sample import Domain
 
 from hydro.checks import is_count
-from hydro.trial.check import check_member
+from hydro.trial.check import check_group_by, check_member
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
 from hydro.trial.data import DataSource
@@ -37,7 +38,9 @@ from hydro.trial.spec import TuneSpec
 from hydro.tune.member_decisions import start_service
 from hydro.tune.member_rules import refuse_trial_scheduler, stopping_rule
 from hydro.tune.random_search import RandomSearch
+from hydro.tune.run_reporter import attach, tune_run_locals
 from hydro.tune.session import ERROR_KEY, MEMBERS_KEY, TRIAL_CPUS_KEY, TRIAL_GPUS_KEY
+from hydro.tune.space_check import check_batch_size_space, other_values
 from schedulers.member_ledger import EventKind, MemberLedger
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
@@ -125,12 +128,19 @@ class HydroSearcher(Searcher):
             (default: loaded when needed).
         trial_cpus: CPUs (torch threads) each trial trains with; ``plan_fusion`` measures with as many.
         trial_resources: one trial's Ray resources as its trainable asks for them (e.g. ``{"CPU": 1, "GPU":
-            0.5}``); default: learnt from the first trials' reports. Trial slots, the trials that train at once on
-            separate compute, are counted from them (:func:`~schedulers.trial_slots.trial_slots`, at most Tune's
-            ``max_concurrent_trials``).
+            0.5}``; ``fit`` passes them). ``None``: in a ``tune.Tuner`` run, read from its trainable's resource
+            request (Tune's default for a function trainable: 1 CPU); ``{}``: unknown until the first trials report
+            theirs. Trial slots, the trials that train at once on separate compute, are counted from them
+            (:func:`~schedulers.trial_slots.trial_slots`, at most Tune's ``max_concurrent_trials``).
         lost_trial_retries: fresh trials a trial gets when Tune gave up on it (its worker, node or storage lost
             more often than ``FailureConfig(max_failures)`` allows): the same members and configuration trained
             again from the start, so that no stage goes on without them (``fit`` sets it to its ``max_failures``).
+        run_reporter: in a ``tune.Tuner`` run, do what ``fit`` does around its run (``fit`` passes ``False``):
+            before the first trial, refuse a key outside ``TuneSpec.group_by`` that changes the model
+            (:func:`~hydro.trial.check.check_group_by`), and add a :class:`~hydro.tune.run_reporter.RunReporter`
+            (member progress in place of Ray's trial reporter; the member table, best configuration and trained
+            model written to the run directory at the end). A non-integer batch size in the param space is
+            refused either way.
         **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``eta``, ``top_k``,
             ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
             ``probe_margin``, ``fallback_targets``): the width ladder, full-size targets, escalation and fallback
@@ -153,7 +163,7 @@ class HydroSearcher(Searcher):
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
                  seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1,
                  trial_resources: Mapping[str, float] | None = None, lost_trial_retries: int = 1,
-                 **transfer) -> None:
+                 run_reporter: bool = True, **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
@@ -186,6 +196,7 @@ class HydroSearcher(Searcher):
                                  trial_request={k.upper(): float(v) for k, v in (trial_resources or {}).items()})
         self._service = None
         self._scheduler_checked = False
+        self._run_reporter, self._learn_resources = run_reporter, trial_resources is None
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -196,6 +207,15 @@ class HydroSearcher(Searcher):
                              f"to TuneSpec.metrics)")
         if mode and mode != self.spec.mode:
             raise ValueError(f"mode {mode!r} differs from TuneSpec.mode {self.spec.mode!r}")
+        check_batch_size_space(config or {})
+        run = tune_run_locals()
+        if run is not None and self._run_reporter and config:
+            member = RandomSearch(config, seed=0).suggest("check")
+            check_group_by(self.spec, member, other_values(config, member, 0), mup=self.scale != 1)
+        if run is not None and self._learn_resources and not self.state.trial_request:
+            self.state.trial_request = self._run_trial_request(run)
+        if run is not None and self._run_reporter:
+            attach(self)  # last: Tune makes the run's callbacks next
         self.state.space = config or self.state.space
         return self.inner.set_search_properties(self.spec.metric, self.spec.mode, config, **spec)
 
@@ -205,7 +225,7 @@ class HydroSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict | None:
         if not self._scheduler_checked:  # before the first trial
-            refuse_trial_scheduler(_tune_run_scheduler())
+            refuse_trial_scheduler((tune_run_locals() or {}).get("scheduler"))
             self._scheduler_checked = True
         self._ensure_service()
         config = self._next_trial(trial_id)
@@ -573,6 +593,15 @@ class HydroSearcher(Searcher):
         seconds, member_epochs = measured[finest]
         return seconds / member_epochs * (finest / scale) ** 2 * members * self.spec.epochs
 
+    def _run_trial_request(self, run: Mapping) -> dict[str, float]:
+        """One surrogate trial's Ray resources as the trainable of the ``ray.tune.run`` call ``run`` (its local
+        variables) asks for them; Tune's default, 1 CPU, for a trainable that asks for none."""
+        plan = TrialPlan(TrialKind.SURROGATE, [], checked_scale(self.scale), checked_scale(self.scale) > 1)
+        request = get_trainable_cls(run["experiments"][0].run_identifier).default_resource_request(plan.to_config())
+        if isinstance(request, PlacementGroupFactory):
+            return {k.upper(): float(v) for k, v in request.required_resources.items()}
+        return {"CPU": 1.0}
+
     def _trial_slots(self) -> int:
         """How many trials train at once on separate compute of the cluster (1 while a trial's resources are not
         known, or outside a Ray session)."""
@@ -655,17 +684,6 @@ def _prunes(searcher: Searcher) -> bool:
     from ray.tune.search.optuna import OptunaSearch
 
     return isinstance(searcher, OptunaSearch)
-
-
-def _tune_run_scheduler() -> TrialScheduler | None:
-    """The scheduler of the ``ray.tune.run`` call (``tune.Tuner.fit`` calls it) that is setting this searcher
-    up, read from its frame: Tune hands a searcher nothing else about the run (``None`` outside one)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "run" and frame.f_globals.get("__name__") == "ray.tune.tune":
-            return frame.f_locals.get("scheduler")
-        frame = frame.f_back
-    return None
 
 
 def _member_results(result: Mapping) -> dict[str, dict]:

@@ -35,6 +35,7 @@ from hydro.trial.memory import gpu_share_bytes
 from hydro.trial.plan import plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
+from hydro.tune.ray_output import quiet_trial
 from hydro.tune.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession, TrialLost
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ _TRIALS_IN_PROCESS = 0  # trials this process has run (1: a fresh worker)
 
 def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
               energy: EnergySettings | None = None, *, cpus_per_trial: float = 1, gpus_per_trial: float = 0,
-              plan_fusion: bool = False) -> Callable[[dict], None]:
+              plan_fusion: bool = False, quiet: bool = False) -> Callable[[dict], None]:
     """A function trainable for ``tune.Tuner``/``tune.run``: Hydro trials when the config comes from a
     ``HydroSearcher``, one plain full-size unfused training otherwise (the stock Ray Tune baseline).
 
@@ -71,16 +72,21 @@ def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
     (``tune.with_resources``; fractional GPUs below 1 share a card); with ``TuneSpec.device="auto"`` a trial
     given a GPU trains on it. ``plan_fusion``: a surrogate trial measures how many of its members to train
     fused at once on its own device, precision and memory (once per group in each trial process; see
-    :func:`hydro.trial.fusion.fusion_in_trial`) and trains them in chunks of that many."""
+    :func:`hydro.trial.fusion.fusion_in_trial`) and trains them in chunks of that many. ``quiet``: leave Ray's log
+    line of each checkpoint out of the trials' output (:func:`~hydro.tune.ray_output.quiet_trial`)."""
     resources = trial_resources(spec, cpus_per_trial, gpus_per_trial)
     if data is None:
         def hydro_trial(config: dict) -> None:
+            if quiet:
+                quiet_trial()
             run_trial(spec, config, energy=energy, plan_fusion=plan_fusion)
 
         function = hydro_trial
     else:
         def hydro_trial(config: dict, data: tuple[DataSource, DataSource]) -> None:  # the same name: restorable
-            run_trial(spec, config, data, energy, plan_fusion=plan_fusion)          # either way
+            if quiet:                                                                # either way
+                quiet_trial()
+            run_trial(spec, config, data, energy, plan_fusion=plan_fusion)
 
         function = tune.with_parameters(hydro_trial, data=data)
     request = {name.upper(): amount for name, amount in resources.items()}

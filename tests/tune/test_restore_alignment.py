@@ -16,7 +16,7 @@ from tests.tune.workload import SPACE, StopFirstMemberAfterEpoch1, spec
 def test_restored_trial_keeps_every_members_rows_aligned(ray_cluster, tmp_path):
     workload = spec(epochs=4, checkpoint_every=1)
     searcher = HydroSearcher(workload, num_samples=3, fusion=3, seed=0, transfer_fraction=None,
-                             scheduler=StopFirstMemberAfterEpoch1())
+                             scheduler=StopFirstMemberAfterEpoch1(), trial_resources={})  # {}: one fused trial
     # Ctrl+C after the epoch-2 result (checkpoints from epoch 1 on hold m00001 and m00002 only), then a restored
     # run: a new CSV logger continues the trial's progress.csv under the header of its first run.
     interrupt = InterruptOnce(2, tmp_path / "fired")
