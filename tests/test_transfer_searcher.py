@@ -60,7 +60,7 @@ def test_seeds_ladder_and_top_k_targets(caplog):
                                                                       "m00004@2#1"]
         finish(s, "r2", rung2, lambda m: acc(m, 2))
         targets = [plan_of(s.suggest("a")), plan_of(s.suggest("b"))]
-        assert s.suggest("after") == Searcher.FINISHED  # every trial of the stages started
+        assert s.suggest("after") is None  # every trial of the stages started: the run ends when they have
         assert [(p.kind, p.scale, p.mup, p.source["member"]) for p in targets] == \
             [(TrialKind.TARGET, 1, True, "m00003"), (TrialKind.TARGET, 1, True, "m00004")]
         assert targets[0].members[0][1] == configs[3]
@@ -68,6 +68,7 @@ def test_seeds_ladder_and_top_k_targets(caplog):
                                                "2": "0.71 ± 0.014 (n=2)"}
         s.on_trial_complete("a", {"val_acc": 0.5})
         s.on_trial_complete("b", {"val_acc": 0.6})  # the second best at S=2 wins at full size
+        assert s.suggest("after") == Searcher.FINISHED
     assert inner.completed[-1][0] == "m00005" and len(inner.completed) == 6  # ladder members are not its trials
     report = s.transfer_report()
     assert report.startswith("val_acc of the returned configuration m00004 at each scale: S=8: 0.41 ± 0.014 (n=2), "
@@ -93,7 +94,10 @@ def test_failed_target_and_restore_mid_ladder(tmp_path):
     finish(restored, "r2", rung, lambda m: 0.9 if m.startswith("m00002") else 0.8)
     target = plan_of(restored.suggest("target"))
     assert target.source["member"] == "m00002"
-    restored.on_trial_complete("target", None, error=True)  # failed before reporting
+    restored.on_trial_complete("target", None, error=True)  # lost before reporting (Tune gave up on it)
+    again = plan_of(restored.suggest("again"))  # its members train again in a fresh trial (lost_trial_retries=1)
+    assert again.members == target.members
+    restored.on_trial_complete("again", None, error=True)
     assert restored.suggest("after") == Searcher.FINISHED
     assert restored.transfer_report().startswith("val_acc of the returned configuration m00002 at each scale: "
                                                  "S=4: 0.2, S=2: 0.9")
@@ -113,7 +117,7 @@ def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
         assert s.suggest("wait") is None  # not finished: fallback targets may follow
         s.on_trial_complete("target", {"val_acc": 0.6})  # 25% worse than at S=2
         fallbacks = [plan_of(s.suggest("f1")), plan_of(s.suggest("f2"))]
-        assert s.suggest("after") == Searcher.FINISHED
+        assert s.suggest("after") is None  # the fallback targets are training
         # the second at S=2, then the best of the rest at S=4; each with the scores it has
         assert [(p.kind, p.scale, p.source["member"], p.source["val_acc"]) for p in fallbacks] == \
             [(TrialKind.TARGET, 1, "m00002", 0.7), (TrialKind.TARGET, 1, "m00001", 0.1)]
@@ -122,6 +126,7 @@ def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
                "target(s) at full size, m00002, m00001" in caplog.text
         s.on_trial_complete("f2", {"val_acc": 0.65})
         s.on_trial_complete("f1", {"val_acc": 0.75})
+        assert s.suggest("after") == Searcher.FINISHED
     assert s.transfer_report() == "val_acc of the returned configuration m00002 at each scale: S=4: 0.2, S=2: 0.7, " \
                                   "full size: 0.75"  # S=2 vs full size over 2 configurations: no rho
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -156,8 +161,9 @@ def test_a_regressed_target_escalates_to_s_over_2_and_the_ladder_goes_on_from_th
         finish(s, "e2", rung, lambda m: 0.9)
         target = plan_of(s.suggest("target2"))
         assert (target.kind, target.source["member"]) == (TrialKind.TARGET, "m00000")
-        assert s.suggest("after") == Searcher.FINISHED  # escalated once, no fallback targets asked for
+        assert s.suggest("after") is None  # escalated once, no fallback targets asked for: the target trains
         s.on_trial_complete("target2", {"val_acc": 0.91})
+        assert s.suggest("after") == Searcher.FINISHED
     assert s.transfer_report() == "val_acc of the returned configuration m00000 at each scale: S=8: 0, S=4: 0.9, " \
                                   "S=2: 0.9, full size: 0.91. Transfer check (Spearman): S=8 vs S=4 over 4 " \
                                   "configurations: rho -0.20 (95% upper bound 0.90)"
@@ -167,7 +173,7 @@ def test_a_regressed_target_escalates_to_s_over_2_and_the_ladder_goes_on_from_th
     (1, None, 60.0, [2, 2]),  # the alive node's 2 cards: 2 trials at once (the dead node's 8 do not count)
     (1, None, 4.0, [4]),      # 8 s of training as one trial: a second trial's start (5 s) would cost more
     (1, 1, 60.0, [4]),        # max_concurrent_trials=1
-    (0.5, None, 60.0, [4]),   # fractions of a card share it: one fused trial
+    (0.5, None, 60.0, [2, 2]),  # fractions of a card share it: one fused trial per card
     (None, None, 60.0, [4]),  # no trial reported its resources: one fused trial
 ])
 def test_a_rung_is_spread_over_the_trials_the_cluster_runs_at_once(monkeypatch, gpus, max_concurrent, search_s,
@@ -216,8 +222,9 @@ def test_a_stage_closes_on_its_members_last_results_before_tune_completes_its_tr
     target = plan_of(config)
     assert target.kind == TrialKind.TARGET and target.source["member"] == "m00007"
     s.on_trial_complete("r0", {**member_result(ids, 2, values, done=True), "time_total_s": 30.0})
-    assert s.suggest("again") == Searcher.FINISHED  # every trial of the stages started; the completion adds none
+    assert s.suggest("again") is None  # every trial of the stages started; the completion adds none
     s.on_trial_complete("target", {"val_acc": 0.9})
+    assert s.suggest("after") == Searcher.FINISHED
     transfer = s.state.transfer
     assert list(transfer.targets) == ["target"] and [len(stage) for stage in transfer.stages] == [8, 4, 1]
     assert s.transfer.returned(transfer.stages) == "m00007"

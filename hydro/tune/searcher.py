@@ -65,7 +65,8 @@ class TransferState:
     ``started``: every trial of the stages has started (the run can end). ``cpus``: CPUs each trial of the stage
     in progress asks for, when it leaves trial slots idle (``None``: the trainable's request); ``widened``: the
     trials that asked for more (their reported resources are not a trial slot's). ``slots``: the trial slots the
-    rungs fill (:attr:`TransferPolicy.slots`), fixed when the stages start (GPU trials: one per card)."""
+    rungs fill (:attr:`TransferPolicy.slots`), fixed when the stages start (1 for GPU trials, whose time hardly grows with their fused
+    members; their rung trials still spread over the cards)."""
 
     stages: list[dict[str, Score]] = field(default_factory=list)
     rung: Rung | None = None
@@ -486,7 +487,8 @@ class HydroSearcher(Searcher):
         """The next trial of the transfer stages, or ``None`` (waiting for a stage, or all started)."""
         transfer = self.state.transfer
         if not transfer.stages:
-            transfer.slots = self._trial_slots()
+            # the rungs' cut (TransferPolicy.slots) is for trials whose time grows with their members: CPU trials
+            transfer.slots = 1 if self.state.trial_request.get("GPU", 0.0) else self._trial_slots()
             self.transfer = dataclasses.replace(self.transfer, slots=transfer.slots)
             transfer.stages.append(self._search_scores())
             logger.info("transfer stages after the search: %s", self.transfer.describe(len(transfer.stages[0])))
