@@ -164,7 +164,8 @@ class FillProcess:
 
     @property
     def compute_s(self) -> float:
-        """CPU seconds the trial has spent computing (inside bubbles when gated)."""
+        """Seconds the trial has spent in its units (CPU time on the CPU, device time on a GPU; inside bubbles when
+        gated)."""
         return self._progress[_COMPUTE_S]
 
     def check(self) -> None:

@@ -58,11 +58,13 @@ class StageHost(FillHost):
         return self.stage.profile(iterations)
 
     def run(self, iterations: int, fill_activity: bool = False) -> dict:
-        """Run ``iterations``; returns the stage's losses, operations and bubbles (wall-clock seconds), and the
+        """Run ``iterations``; returns the stage's losses, operations and bubbles (wall-clock seconds; ``bubbles`` as
+        the fill's gate saw them, ``device_bubbles`` as the stage's device did), and the
         hosted fill trial's work meanwhile (its units' times too with ``fill_activity``). The iterations never
         wait for the fill; a fill found dead or hung afterwards is detached."""
         os.sched_setaffinity(0, self.cpus)
         self.stage.timeline.clear()
+        self.stage.device_bubbles.clear()
         self.recorder.bubbles.clear()
         fill = self.fill
         fill_steps, fill_compute = (fill.completed_steps, fill.compute_s) if fill is not None else (0, 0.0)
@@ -73,7 +75,8 @@ class StageHost(FillHost):
             self.check_fill()
         report = {"stage": self.stage.stage, "losses": losses, "wall_s": time.time() - started,
                   "ops": [asdict(i) for i in self.stage.timeline],
-                  "bubbles": [{**asdict(b), "length": b.length} for b in self.recorder.bubbles]}
+                  "bubbles": [{**asdict(b), "length": b.length} for b in self.recorder.bubbles],
+                  "device_bubbles": [asdict(b) for b in self.stage.device_bubbles]}
         if fill is not None and fill is self.fill:  # the same fill trial throughout: its work in this run
             report["fill_steps"] = fill.completed_steps - fill_steps
             report["fill_compute_s"] = fill.compute_s - fill_compute
