@@ -1,116 +1,152 @@
-"""Fill the bubbles of a 2-stage 1F1B pipeline job (one stage per CPU core) with Hydro's own fused trials.
+"""Fill the bubbles of one real 1F1B pipeline stage, on a GPU (``--device cuda``) or a CPU core, with Hydro's fused
+trials; the stage's neighbours are emulated (:class:`hydro.bubbles.emulated.EmulatedNeighbours`: they answer each
+send and receive when the full pipeline's other stages, with the real stage's profiled operation times, would), so
+one device has the real bubbles of a ``--stages``-stage pipeline.
 
 The fill trials are what a ``HydroSearcher`` starts: µP surrogates (width ÷ ``--scale``) of a user ``TuneSpec``
-(``hydro.tune.examples.digits_mlp``: an MLP on scikit-learn's digits, plain torch SGD), ``--members`` fused per
-stage; a thread per stage plays the Tune proxy (``hydro.tune.fill_trainable``): it follows the stage's fill trial as
-the proxy does (a status request that the host answers when the fill posts an epoch) and lets every member go on
-after each epoch. The same main job in four modes: alone; with a busy
-loop under ``SCHED_IDLE`` on each stage's core and no fill (the floor: what any work in the bubbles costs the job on
-this machine, e.g. by keeping its cores from idling); with a gated fill trial in every stage (runs only inside
-bubbles, layer by layer); with naive co-location (fill trials simply run alongside). The modes are interleaved in
-rounds (alone, idle spin, gated, naive, alone, ...) so drifts of a shared machine hit
-all of them alike; the slowdown is the median over rounds of (mode / alone of the same round). Reported: main-job
-iteration time and slowdown, fill throughput (member-steps/s), and the fraction of bubble time turned into fill
-work (fill CPU seconds / bubble seconds). Writes JSON and a PNG timeline of one iteration.
+(``hydro.tune.examples.digits_mlp``: an MLP on scikit-learn's digits, plain torch SGD) on the stage's device,
+``--members`` fused, in a fill process (:class:`hydro.bubbles.FillProcess`); a thread plays the Tune proxy and lets
+every member go on after each epoch. The same main job in three modes, interleaved in rounds (alone, gated, naive,
+alone, ...) so drifts of a shared machine hit all alike: alone; with a gated fill (its units run only inside the
+stage's device bubbles, one at a time, each waited for; on a CPU under ``SCHED_IDLE`` on the stage's core); with
+naive co-location (the fill simply runs alongside). Reported per mode: iteration time, slowdown (median over rounds
+of mode / alone of the same round, with quartiles), bubble fraction (the device's waits / iteration time), fill
+member-steps/s and bubble use (the fill's unit time, device time on a GPU, CPU time on a CPU / bubble time).
+Writes JSON and a PNG timeline of one iteration.
 
-    python benchmarks/bubble_squeeze.py [--rounds 10] [--iterations 30] [--members 4] [--scale 4]
-                                        [--out benchmarks/results]
+    python benchmarks/bubble_squeeze.py --device cuda|cpu [--rounds 10] [--iterations 30] [--stages 4]
+                                        [--members 4] [--scale 4] [--out benchmarks/results]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
-import subprocess
-import sys
 import threading
+import time
 from pathlib import Path
 
-import ray
+import torch
 
-from hydro.bubbles import PipelineSpec, SlotMode
+from hydro.bubbles import BubbleGate, BubbleRecorder, FillProcess, PipelineSpec, PipelineStage, SlotMode
+from hydro.bubbles.emulated import EmulatedNeighbours
+from hydro.bubbles.fill_process import start_fill_server
 from hydro.trial.plan import TrialKind, TrialPlan
-from hydro.trial.spec import TuneSpec
 from hydro.tune.examples import digits_mlp
-from hydro.tune.fill_trainable import WAIT_S
-from hydro.tune.cli import worker_pythonpath
-from hydro.tune.pipeline_job import PipelineJob
+from hydro.tune.pipeline_job import FILL_PRELOAD, pickled_workload
 
-CHUNK = 5  # iterations per job.run call
-IDLE_SPIN = "idle spin"  # the mode with busy loops under SCHED_IDLE on the stages' cores and no fill
-SPINNER = ("import os, sys\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
-           "os.sched_setaffinity(0, {int(sys.argv[1])})\nprint(flush=True)\nwhile True:\n    pass")
-
-REPO = Path(__file__).resolve().parents[1]
+SETTLE = 2  # iterations before each measured block
+MODES = ("alone", SlotMode.GATED.value, SlotMode.NAIVE.value)
 
 
-def run_mode(job: PipelineJob, mode: SlotMode | str | None, spec: TuneSpec, plan: TrialPlan, iterations: int) -> dict:
-    """One block of ``iterations`` in ``mode`` (a fill's :class:`SlotMode`, :data:`IDLE_SPIN` or ``None``: alone)."""
-    if mode == IDLE_SPIN:
-        cores = sorted(os.sched_getaffinity(0))  # each stage's core, as StageHost picks it
-        spinners = [subprocess.Popen([sys.executable, "-c", SPINNER, str(cores[stage % len(cores)])],
-                                     stdout=subprocess.PIPE) for stage in range(job.num_stages)]
-        for spinner in spinners:  # its start-up ran at normal priority: measure only once it spins idle, pinned
-            spinner.stdout.readline()
-        try:
-            return {**run_mode(job, None, spec, plan, iterations), "mode": IDLE_SPIN}
-        finally:
-            for spinner in spinners:
-                spinner.kill()
-                spinner.wait()
-                spinner.stdout.close()
-    proxy, failures = threading.Event(), []  # set: the proxy stops; what failed in its threads
-    deciders = [threading.Thread(target=_let_members_go_on, args=(job, stage, proxy, failures))
-                for stage in range(job.num_stages)]
-    if mode is not None:
-        for stage in range(job.num_stages):
-            job.attach_fill(stage, spec, plan, mode)
-        for decider in deciders:
-            decider.start()
-    job.run(2)  # settle
-    chunks = []
-    for done in range(0, iterations, CHUNK):
-        chunks.append(job.run(min(CHUNK, iterations - done), fill_activity=done + CHUNK >= iterations))
-    if mode is not None:
-        proxy.set()
-        for decider in deciders:
-            decider.join()
-        if failures:
-            raise RuntimeError(failures[0])
-        for stage in range(job.num_stages):
-            job.detach_fill(stage)
-    reports = [_merge([chunk[stage] for chunk in chunks]) for stage in range(job.num_stages)]
-    wall = max(r["wall_s"] for r in reports)
-    bubble_s = sum(b["length"] for r in reports for b in r["bubbles"])
-    fill_cpu = sum(r.get("fill_compute_s", 0.0) for r in reports)
-    member_steps = sum(r.get("fill_steps", 0) * r.get("fill_members", 0) for r in reports)
-    return {"mode": mode.value if mode else "alone", "iteration_s": wall / iterations,
-            "bubble_s_per_iteration": bubble_s / iterations, "bubble_fraction": bubble_s / (wall * job.num_stages),
-            "fill_member_steps_per_s": member_steps / wall, "bubble_use": fill_cpu / bubble_s if bubble_s else 0.0,
-            "reports": [chunks[-1][stage] for stage in range(job.num_stages)]}
+class OneStage:
+    """Stage ``stage`` of a ``num_stages``-stage 1F1B pipeline of ``spec`` on ``device``, the others emulated,
+    profiled; its bubbles go to :attr:`gate` (swapped per mode)."""
+
+    def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, device: str) -> None:
+        self.device = torch.device(device)
+        self.gate = BubbleGate()
+        self.recorder = BubbleRecorder(self.gate)
+        self.stage = PipelineStage(spec, stage, num_stages, self.recorder, self.device,
+                                   transport=EmulatedNeighbours(stage, num_stages, spec.microbatches, self.device))
+        self.stage.profile(3)
+
+    def block(self, iterations: int) -> dict:
+        """Run ``iterations``: their wall time and the device's bubbles (seconds)."""
+        self.stage.timeline.clear()
+        self.stage.device_bubbles.clear()
+        start = time.perf_counter()
+        for _ in range(iterations):
+            self.stage.run_iteration()
+        return {"wall_s": time.perf_counter() - start,
+                "bubble_s": sum(b.length for b in self.stage.device_bubbles)}
 
 
-def _let_members_go_on(job: PipelineJob, stage: int, stop: threading.Event, failures: list[str]) -> None:
-    """The Tune proxy's part for ``stage`` until ``stop``: its fill trial's posted epoch results are decided (all
-    members go on) as the proxy hears of them; a failed fill ends it with its cause in ``failures``."""
-    while not stop.is_set():
-        status = job.fill_status(stage, WAIT_S)
-        if status is not None and "failed" in status:
-            failures.append(f"the fill trial of stage {stage} failed: {status['failed']}")
-            return
-        if status is not None and status["result"] is not None:
-            ray.get(job.stages[stage].fill_decide.remote(status["result"].member_ids))
+class Fill:
+    """A fused fill trial beside the stage in ``mode`` (gated or naive) while it lives; a thread decides its
+    epochs (every member goes on)."""
+
+    def __init__(self, host: OneStage, mode: str, workload: bytes, plan: TrialPlan) -> None:
+        gated = mode == SlotMode.GATED.value
+        self.gate = BubbleGate(always_open=not gated)
+        host.recorder.listeners = [self.gate]
+        cpus = set(os.sched_getaffinity(0)) if host.device.type == "cpu" else None  # CPU: the stage's core
+        self.process = FillProcess(self.gate, cpus, workload=workload, plan=plan,
+                                   member_ids=[m for m, _ in plan.members], idle=gated)
+        self.stop_deciding = threading.Event()
+        self.decider = threading.Thread(target=self._decide, daemon=True)
+        self.decider.start()
+
+    def _decide(self) -> None:
+        while not self.stop_deciding.is_set():
+            self.process.wait_news(0.5)
+            result = self.process.poll()["result"]
+            if result is not None:
+                self.process.decide(result.member_ids)
+
+    def progress(self) -> tuple[int, float]:
+        return self.process.completed_steps, self.process.compute_s
+
+    def end(self, host: OneStage) -> list[tuple[float, float]]:
+        """Stop the fill; returns its recent units' wall-clock times."""
+        self.stop_deciding.set()
+        self.decider.join(timeout=60)
+        activity = self.process.activity()
+        self.process.stop()
+        host.recorder.listeners = [host.gate]
+        return activity
 
 
-def _merge(reports: list[dict]) -> dict:
-    """One stage's chunk reports as one (times summed, bubbles concatenated)."""
-    merged = {"stage": reports[0]["stage"], "wall_s": sum(r["wall_s"] for r in reports),
-              "bubbles": [b for r in reports for b in r["bubbles"]], "ops": reports[-1]["ops"]}
-    for key in ("fill_steps", "fill_compute_s"):
-        merged[key] = sum(r.get(key, 0) for r in reports)
-    merged["fill_members"] = max((r.get("fill_members", 0) for r in reports), default=0)
-    return merged
+def run_mode(host: OneStage, mode: str, workload: bytes, plan: TrialPlan, iterations: int) -> dict:
+    """One block of ``iterations`` in ``mode``."""
+    fill = Fill(host, mode, workload, plan) if mode != "alone" else None
+    host.block(SETTLE)
+    steps, compute = fill.progress() if fill else (0, 0.0)
+    measured = host.block(iterations)
+    if fill:
+        steps_after, compute_after = fill.progress()
+        steps, compute = steps_after - steps, compute_after - compute
+    report = {"stage": host.stage.stage, "ops": [dataclasses.asdict(o) for o in host.stage.timeline],
+              "bubbles": [dataclasses.asdict(b) for b in host.stage.device_bubbles]}
+    if fill:
+        report["fill_activity"] = fill.end(host)
+    members = len(plan.members)
+    return {"mode": mode, "iteration_s": measured["wall_s"] / iterations,
+            "bubble_s_per_iteration": measured["bubble_s"] / iterations,
+            "bubble_fraction": measured["bubble_s"] / measured["wall_s"],
+            "fill_member_steps_per_s": steps * members / measured["wall_s"],
+            "bubble_use": compute / measured["bubble_s"] if measured["bubble_s"] else 0.0, "reports": [report]}
+
+
+def measure(device: str, rounds: int, iterations: int, stages: int, members: int, scale: int,
+            spec: PipelineSpec) -> list[dict]:
+    """Every mode's summary over ``rounds`` interleaved rounds (see the module's docstring)."""
+    start_fill_server(FILL_PRELOAD)
+    threads, cores = torch.get_num_threads(), os.sched_getaffinity(0)
+    torch.set_num_threads(1)
+    if device == "cpu":  # the stage (and its gated fill) on one core
+        os.sched_setaffinity(0, {min(cores)})
+    try:
+        return _measure(device, rounds, iterations, stages, members, scale, spec)
+    finally:
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, cores)
+
+
+def _measure(device: str, rounds: int, iterations: int, stages: int, members: int, scale: int,
+             spec: PipelineSpec) -> list[dict]:
+    host = OneStage(spec, stage=0, num_stages=stages, device=device)
+    tune_spec, _ = digits_mlp(epochs=10_000)
+    workload = pickled_workload(dataclasses.replace(tune_spec, device=device))
+    plan = TrialPlan(TrialKind.SURROGATE, [(f"m{i}", {"lr": 0.1 / (i + 1), "momentum": 0.9, "weight_decay": 0.0})
+                                           for i in range(members)], scale=scale, mup=scale > 1)
+    blocks: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    for _ in range(rounds):
+        for mode in MODES:
+            blocks[mode].append(run_mode(host, mode, workload, plan, iterations))
+    return [summarize(blocks[mode], blocks["alone"]) | {"last": blocks[mode][-1]} for mode in MODES]
 
 
 def plot_timeline(result: dict, path: Path) -> None:
@@ -119,7 +155,7 @@ def plot_timeline(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    reports = result["reports"]
+    reports = result["last"]["reports"]
     last_f0 = [max(o["start"] for o in r["ops"] if o["label"] == "F0") for r in reports]
     start = min(last_f0)  # the last iteration
     end = max(o["end"] for r in reports for o in r["ops"])
@@ -164,32 +200,25 @@ def summarize(blocks: list[dict], alone: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=30, help="iterations per mode and round")
-    parser.add_argument("--members", type=int, default=4, help="fused members per fill trial (one per stage)")
-    parser.add_argument("--scale", type=int, default=4, help="surrogate width divisor of the fill trials")
-    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--stages", type=int, default=4, help="pipeline stages (one real, the others emulated)")
+    parser.add_argument("--members", type=int, default=4, help="fused members of the fill trial")
+    parser.add_argument("--scale", type=int, default=4, help="surrogate width divisor of the fill trial")
+    parser.add_argument("--width", type=int, default=None, help="main model width (default 4096 cuda, 512 cpu)")
+    parser.add_argument("--microbatch-size", type=int, default=None, help="(default 64 cuda, 32 cpu)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath(str(REPO))}})
-    spec = PipelineSpec(width=args.width, depth=8, microbatches=4, microbatch_size=32)
-    tune_spec, _ = digits_mlp(epochs=10_000)
-    plan = TrialPlan(TrialKind.SURROGATE, [(f"m{i}", {"lr": 0.1 / (i + 1), "momentum": 0.9, "weight_decay": 0.0})
-                                           for i in range(args.members)], scale=args.scale, mup=args.scale > 1)
-    job = PipelineJob(spec, num_stages=2)
-    job.profile(3)
-    modes = (None, IDLE_SPIN, SlotMode.GATED, SlotMode.NAIVE)
-    blocks: dict[SlotMode | str | None, list[dict]] = {mode: [] for mode in modes}
-    for _ in range(args.rounds):
-        for mode in modes:
-            blocks[mode].append(run_mode(job, mode, tune_spec, plan, args.iterations))
-    job.shutdown()
-    results = [summarize(blocks[mode], blocks[None]) for mode in modes]
-    print(f"main job: MLP width {args.width} x 8 layers, 2 stages (1 CPU core each), 4 microbatches of 32; "
-          f"fill: {args.members} fused digits-MLP surrogates (64-512-512-10 / {args.scale}) per stage; {args.rounds} rounds x "
-          f"{args.iterations} iterations per mode")
+    cuda = args.device == "cuda"
+    width = args.width or (4096 if cuda else 512)
+    spec = PipelineSpec(width=width, depth=16, microbatches=8, microbatch_size=args.microbatch_size or (64 if cuda else 32))
+    results = measure(args.device, args.rounds, args.iterations, args.stages, args.members, args.scale, spec)
+    name = torch.cuda.get_device_name() if cuda else "CPU core"
+    print(f"main job: stage 0 of {args.stages} (others emulated), MLP width {width} x 16 layers split evenly, "
+          f"{spec.microbatches} microbatches of {spec.microbatch_size}, on {name}; fill: {args.members} fused "
+          f"digits-MLP surrogates (64-512-512-10 / {args.scale}); {args.rounds} rounds x {args.iterations} iterations "
+          f"per mode; load {os.getloadavg()[0]:.1f}")
     print(f"{'mode':<9} {'iter ms':>8} {'slowdown (q1..q3)':>22} {'bubble %':>9} {'fill member-steps/s':>20} "
           f"{'bubble use':>11}")
     for r in results:
@@ -197,10 +226,13 @@ def main() -> None:
         print(f"{r['mode']:<9} {1e3 * r['iteration_s']:>8.2f} {spread:>22} {r['bubble_fraction']:>9.1%} "
               f"{r['fill_member_steps_per_s']:>20.1f} {r['bubble_use']:>11.1%}")
     args.out.mkdir(parents=True, exist_ok=True)
-    plot_timeline(blocks[SlotMode.GATED][-1], args.out / "bubble_timeline.png")
-    (args.out / "bubble_squeeze.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                              "results": results}, indent=2))
-    print(f"wrote {args.out / 'bubble_squeeze.json'} and {args.out / 'bubble_timeline.png'}")
+    plot_timeline(results[1], args.out / f"bubble_timeline_{args.device}.png")
+    for r in results:
+        del r["last"]
+    path = args.out / f"bubble_squeeze_{args.device}.json"
+    path.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "device": name,
+                                "results": results}, indent=2))
+    print(f"wrote {path} and {args.out / f'bubble_timeline_{args.device}.png'}")
 
 
 if __name__ == "__main__":

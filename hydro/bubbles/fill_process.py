@@ -44,7 +44,7 @@ from .fit import member_bytes, members_that_fit
 from .gate import BubbleGate, FillAborted
 from .layer_gate import LayerGate
 
-_STEPS, _COMPUTE_S, _UNIT_STARTED, _RAISED = range(4)  # slots of the progress array the child writes
+_STEPS, _COMPUTE_S, _UNIT_STARTED, _RAISED, _TRAINER_TID = range(5)  # slots of the progress array the child writes
 START_TIMEOUT_S = 300.0  # loading the data, measuring what fits and fusing
 ANSWER_TIMEOUT_S = 30.0
 UNIT_TIMEOUT_S = 120.0
@@ -123,8 +123,9 @@ class FillProcess:
     of them as fit ``memory_budget_bytes``: :attr:`member_ids` says which; ``one_member_bytes``: one member's
     step peak if the caller measured it, see :func:`~hydro.bubbles.fit.members_that_fit`). ``idle=True`` (gated fill): the
     child runs under Linux's ``SCHED_IDLE``, so the stage preempts it the moment its wait ends.
-    A unit running longer than ``unit_timeout_s``, or a request unanswered within ``answer_timeout_s``, is a
-    hang: the child is killed and :class:`FillFailed` raised, as for an exception or a crash.
+    A unit running longer than ``unit_timeout_s``, or a request unanswered within ``answer_timeout_s`` (neither
+    counting the time the child waited for a core: starved is not hung), is a hang: the child is killed and
+    :class:`FillFailed` raised, as for an exception or a crash.
     """
 
     def __init__(self, gate: BubbleGate, cpus: set[int] | None, *, workload: bytes, plan: TrialPlan,
@@ -139,12 +140,13 @@ class FillProcess:
         context = multiprocessing.get_context("forkserver")
         self._conn, child_conn = context.Pipe()
         self._news, child_news = context.Pipe(duplex=False)  # the child says it posted an epoch, ended or raised
-        self._progress = context.RawArray("d", 4)
+        self._progress = context.RawArray("d", 5)
         self._lock = threading.Lock()  # one request/answer on the pipe at a time
         self._news_lock = threading.Lock()
         self._reap_lock = threading.Lock()  # the child's exit status is read by one thread at a time (_alive/_join)
         self.gate, self.answer_timeout_s, self.unit_timeout_s = gate, answer_timeout_s, unit_timeout_s
         self.failure: FillFailure | None = None
+        self._unit_seen: tuple[float, _LiveClock | None] = (0.0, None)  # the unit in flight (its start), its clock
         self._process = context.Process(
             target=_child_main, name="hydro-fill", daemon=True,
             args=(workload, plan, None if member_ids is None else list(member_ids), pickle.dumps(state),
@@ -162,7 +164,8 @@ class FillProcess:
 
     @property
     def compute_s(self) -> float:
-        """CPU seconds the trial has spent computing (inside bubbles when gated)."""
+        """Seconds the trial has spent in its units (CPU time on the CPU, device time on a GPU; inside bubbles when
+        gated)."""
         return self._progress[_COMPUTE_S]
 
     def check(self) -> None:
@@ -184,11 +187,21 @@ class FillProcess:
         if self._progress[_RAISED]:  # the child answers any request with the error and its traceback
             self._send("poll")
             self._answer(self.answer_timeout_s)
-        started = self._progress[_UNIT_STARTED]
-        if started and time.monotonic() - started > self.unit_timeout_s:
+        if self._unit_running_s() > self.unit_timeout_s:
             self._fail(FillFailure(FailureKind.HUNG, f"one unit of work (a layer, the loss or an optimizer step) has "
                                                      f"run for more than {self.unit_timeout_s:.0f} s: the fill trial "
                                                      f"hangs"))
+
+    def _unit_running_s(self) -> float:
+        """Seconds the unit in flight has run since the watchdog first saw it (0 when none), on a
+        :class:`_LiveClock` of the training thread: a fill under ``SCHED_IDLE`` that the stage and a busy machine
+        starve is not a hung one. A hang is found at most one watchdog call later than ``unit_timeout_s``."""
+        started = self._progress[_UNIT_STARTED]
+        if not started:
+            return 0.0
+        if self._unit_seen[0] != started:
+            self._unit_seen = (started, _LiveClock(self._process.pid, int(self._progress[_TRAINER_TID])))
+        return self._unit_seen[1].read()
 
     def poll(self) -> dict:
         """``{"result": EpochResult | None (awaiting a decision), "finished": bool}``."""
@@ -255,11 +268,13 @@ class FillProcess:
             self._fail(self._exit_cause())
 
     def _answer(self, timeout_s: float):
-        deadline = time.monotonic() + timeout_s
+        """The child's answer; it hangs if it has not answered within ``timeout_s``, not counting the time it was
+        ready but waited for a core (a starved ``SCHED_IDLE`` child is slow, not hung)."""
+        clock = _LiveClock(self._process.pid, None)
         while not self._conn.poll(0.05):
             if not self._alive() and not self._conn.poll(0):
                 self._fail(self._exit_cause())
-            if time.monotonic() > deadline:
+            if clock.read() > timeout_s:
                 self._fail(FillFailure(FailureKind.HUNG, f"the fill trial's process did not answer within "
                                                          f"{timeout_s:.0f} s: it hangs"))
         try:
@@ -288,6 +303,41 @@ class FillProcess:
         raise FillFailed(failure)
 
 
+def _thread_sample(pid: int, tid: int | None) -> tuple[bool, float] | None:
+    """Whether thread ``tid`` of process ``pid`` (``None``: any of its threads) is runnable (running or waiting for
+    a core), and its (their) CPU seconds; ``None`` where ``/proc`` does not say."""
+    runnable, cpu = False, 0.0
+    try:
+        for thread in [tid] if tid is not None else os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{thread}/stat") as stat, \
+                    open(f"/proc/{pid}/task/{thread}/schedstat") as schedstat:
+                runnable |= stat.read().rpartition(")")[2].split()[0] == "R"
+                cpu += int(schedstat.read().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+    return runnable, cpu
+
+
+class _LiveClock:
+    """Seconds a thread (``tid``; ``None``: the whole process) has been running or blocked since the clock's start,
+    not those it was ready but waited for a core. Between two reads it counts its CPU time if it is runnable at the
+    later read, the whole interval if it sleeps or blocks; where ``/proc`` says nothing, wall time. (The kernel's runqueue-wait
+    counter would be exact, but it is updated only when the thread gets a core, so a starved thread's is stale.)"""
+
+    def __init__(self, pid: int, tid: int | None) -> None:
+        self.pid, self.tid = pid, tid
+        self.then, self.sample, self.counted = time.monotonic(), _thread_sample(pid, tid), 0.0
+
+    def read(self) -> float:
+        now, sample = time.monotonic(), _thread_sample(self.pid, self.tid)
+        if sample is None or self.sample is None or not sample[0]:
+            self.counted += now - self.then
+        else:
+            self.counted += sample[1] - self.sample[1]
+        self.then, self.sample = now, sample
+        return self.counted
+
+
 class _Runner:
     """The child's training thread: epochs of the trial, each ending in a posted result and a decision."""
 
@@ -309,6 +359,7 @@ class _Runner:
         return copy.deepcopy({"trial": state, "pending": self.pending, "train_loss": self.train_loss})
 
     def run(self) -> None:
+        self.progress[_TRAINER_TID] = threading.get_native_id()  # the host's watchdog reads its scheduling stats
         try:
             while self._epoch():
                 pass

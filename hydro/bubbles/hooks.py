@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from hydro.planning import free_memory_bytes
+
+from .timing import DeviceTimer, Mark
 
 
 class BubbleListener(Protocol):
@@ -48,3 +53,24 @@ class BubbleRecorder:
             self._open.end = time.time()
             self.bubbles.append(self._open)
             self._open = None
+
+
+def announced_wait(listener: BubbleListener, stage: int, predicted_s: float, timer: DeviceTimer,
+                   wait: Callable[[], None]) -> tuple[Mark, Mark]:
+    """Run ``wait()`` (a wait for a received activation or gradient) as a bubble announced to ``listener``; returns
+    the bubble's start and end marks on the stage's device (read them once reached: ``timer.seconds``).
+
+    The host blocks where the device idles, so the listener's bubble is the device's: first until the stage's
+    queued work is done (the device idles from then), then, after ``wait()`` (NCCL's ``work.wait()`` only makes
+    the stream wait), until the received data is there. On the CPU both blocks return at once.
+    """
+    timer.wait(timer.mark())
+    start = timer.mark()
+    listener.bubble_started(stage, predicted_s, free_memory_bytes(timer.device))
+    try:
+        wait()
+        end = timer.mark()
+        timer.wait(end)
+    finally:
+        listener.bubble_ended(stage)
+    return start, end

@@ -98,6 +98,11 @@ class FillHost:
             except FillFailed as error:
                 return self._drop_and_report(error.failure)
 
+    def fill_steps(self) -> int | None:
+        """Training steps the hosted fill trial has done here (read without asking it); ``None`` if there is none."""
+        fill = self.fill
+        return None if fill is None else fill.completed_steps
+
     def fill_decide(self, keep: Sequence[str]) -> dict:
         """Decide the posted epoch result (see :meth:`FillProcess.decide`); ``{"state": ...}`` or
         ``{"failed": cause, "failure": FillFailure}``."""

@@ -2,8 +2,12 @@
 until its :class:`~hydro.bubbles.gate.BubbleGate` has a bubble long enough for the next unit of work.
 
 Units: every leaf module's forward, every leaf module's backward (a hook on its output's gradient) and each
-optimizer step. Each unit is timed in this thread's CPU time (wall time would count the preemptions of an
-idle-policy fill as layer cost); the median of the unit's last few costs is what it asks the bubble for, so one
+optimizer step. On the CPU each unit is timed in this thread's CPU time (wall time would count the preemptions of
+an idle-policy fill as layer cost). On a GPU it is timed with CUDA events on the fill's stream, and the fill waits
+for each unit's end event before it asks the gate for the next: the host-side gate then keeps the fill's kernels
+out of the stage's compute on the device itself, since at most one unit of fill work is ever queued, and only
+once the stage's own stream has drained and its predicted bubble has room for that unit's measured device time
+(see :func:`~hydro.bubbles.hooks.announced_wait` for the stage's side). The median of the unit's last few costs is what it asks the bubble for, so one
 slow run (a unit that happened to include a one-off piece of work, e.g. copying the state at an epoch's end, or
 a page-faulting first touch) cannot make it wait for a bubble that never comes.
 """
@@ -19,13 +23,15 @@ import torch
 from hydro.trial.unit import FusedTrial, Gate
 
 from .gate import BubbleGate
+from .timing import DeviceTimer, Mark
 
 
 COST_SAMPLES = 5  # a unit's cost is the median of its last 5 runs: robust to 2 outliers
 
 
 class LayerGate(Gate):
-    """Gates ``trial``'s units on ``bubbles``. ``compute_s``: CPU seconds spent in units; ``activity``: recent
+    """Gates ``trial``'s units on ``bubbles``. ``compute_s``: seconds spent in units (CPU time of this thread on
+    the CPU, device time on a GPU); ``activity``: recent
     wall-clock ``(start, end)`` of units; ``unit_started``: ``time.monotonic()`` when the unit in progress
     started (0 while waiting at the gate), also passed to ``on_unit`` — a watchdog's view of a hung unit."""
 
@@ -37,10 +43,12 @@ class LayerGate(Gate):
         self._costs: dict[str, deque[float]] = {}
         self.unit_started = 0.0
         self.timed = False  # costs are learned once the first step (one-off set-up) is over
-        self._current: tuple[str, float, float] | None = None  # unit, CPU and wall-clock start
+        self.timer = DeviceTimer("cpu", clock=time.thread_time)  # (the trial's device once attached)
+        self._current: tuple[str, Mark, float] | None = None  # unit, its start mark and wall-clock start
         self._handles: list = []
 
     def attach(self, trial: FusedTrial) -> None:
+        self.timer = DeviceTimer(trial.device, clock=time.thread_time)
         for module in trial.modules():
             for name, layer in module.named_modules():
                 if not list(layer.children()):
@@ -74,14 +82,16 @@ class LayerGate(Gate):
 
     def boundary(self, unit: str | None) -> None:
         """Close the timing of the unit that just ran; wait for room in a bubble for ``unit`` (``None``: none)."""
-        now, wall = time.thread_time(), time.time()
+        now = self.timer.mark()
         if self._current is not None:
             name, start, wall_start = self._current
-            self.compute_s += now - start
-            self.activity.append((wall_start, wall))
+            self.timer.wait(now)  # (GPU: the unit's kernels are done before the next unit is asked for)
+            cost = self.timer.seconds(start, now)
+            self.compute_s += cost
+            self.activity.append((wall_start, time.time()))
             if self.timed:
                 costs = self._costs.setdefault(name, deque(maxlen=COST_SAMPLES))
-                costs.append(now - start)
+                costs.append(cost)
                 self.layer_cost[name] = statistics.median(costs)
             self._current = None
         self._started(0.0)
@@ -89,4 +99,4 @@ class LayerGate(Gate):
             return
         self.bubbles.wait_for(self.layer_cost.get(unit, 0.0), unit)
         self._started(time.monotonic())
-        self._current = (unit, time.thread_time(), time.time())
+        self._current = (unit, self.timer.mark(), time.time())

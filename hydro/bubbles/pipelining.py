@@ -4,21 +4,21 @@ Those schedules run a whole iteration inside ``schedule.step()`` and expose no c
 the single-stage ones (``ScheduleGPipe``, ``Schedule1F1B`` in torch 2.13) wait for every activation and
 gradient through one module-level function, ``schedules._wait_batch_p2p``. :class:`PipeliningBubbles` wraps
 ``step`` and, for its duration, that function: each wait is announced as a bubble, its predicted length the
-smoothed length of the same wait (by its position in the iteration) in earlier iterations. Limits: it relies on
+smoothed length of the same wait (by its position in the iteration) in earlier iterations, measured on the
+stage's device (:func:`~hydro.bubbles.hooks.announced_wait`: on a GPU the host blocks where the stream idles, so
+the bubble the listener sees is the device's; that is one host synchronisation per wait, none elsewhere). Limits: it relies on
 that private function (checked at construction; a torch that renames it is refused with an error), and the
 multi-stage runtime schedules (``_PipelineScheduleRuntime`` subclasses) also call ``work.wait()`` directly, so
 for them only part of the waits would be seen — they are refused too.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 
-from hydro.planning import free_memory_bytes
-
-from .hooks import BubbleListener
+from .hooks import BubbleListener, announced_wait
+from .timing import DeviceTimer
 
 
 class PipeliningBubbles:
@@ -37,6 +37,7 @@ class PipeliningBubbles:
                                "torch.distributed.pipelining.schedules._wait_batch_p2p to hook; use "
                                "hydro.bubbles.PipelineStage, or call the BubbleListener around the waits yourself")
         self.schedule, self.listener, self.stage, self.device = schedule, listener, stage, torch.device(device)
+        self.timer = DeviceTimer(self.device)
         self.predicted: list[float] = []  # seconds, by the wait's position in the iteration
         self._schedules = schedules
 
@@ -49,13 +50,9 @@ class PipeliningBubbles:
             position[0] += 1
             if index == len(self.predicted):
                 self.predicted.append(0.0)
-            self.listener.bubble_started(self.stage, self.predicted[index], free_memory_bytes(self.device))
-            start = time.perf_counter()
-            try:
-                original(work)
-            finally:
-                self.listener.bubble_ended(self.stage)
-                self.predicted[index] = 0.5 * self.predicted[index] + 0.5 * (time.perf_counter() - start)
+            start, end = announced_wait(self.listener, self.stage, self.predicted[index], self.timer,
+                                        lambda: original(work))
+            self.predicted[index] = 0.5 * self.predicted[index] + 0.5 * self.timer.seconds(start, end)
 
         self._schedules._wait_batch_p2p = waiting
         try:

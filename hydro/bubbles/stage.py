@@ -9,8 +9,8 @@ object over an initialised process group; :mod:`hydro.tune.pipeline_job` places 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -19,10 +19,10 @@ from torch import Tensor, nn
 from hydro.checks import check, is_count
 from hydro.energy.device import EnergyDevice
 from hydro.energy.frequency import FrequencyPlanned, restoring_default_clock
-from hydro.planning import free_memory_bytes
 
-from .hooks import BubbleListener
+from .hooks import BubbleListener, announced_wait
 from .schedule import Interval, one_f_one_b, simulate
+from .timing import DeviceTimer, Mark
 
 
 @dataclass
@@ -74,19 +74,62 @@ class PipelineSpec:
         return x, torch.randint(0, self.classes, (self.microbatches, self.microbatch_size), generator=g)
 
 
+class Transport(Protocol):
+    """How a stage exchanges activations and gradients with its neighbours (ranks ``0..num_stages-1``)."""
+
+    def begin_iteration(self) -> None:
+        """An iteration starts (before its receives are posted)."""
+
+    def isend(self, tensor: Tensor, peer: int) -> dist.Work: ...
+
+    def irecv(self, buffer: Tensor, peer: int) -> dist.Work: ...
+
+    def share(self, values: Tensor) -> list[Tensor]:
+        """Every stage's ``values`` (a 1-D float64 tensor on the stage's device), by stage."""
+
+
+class ProcessGroupTransport:
+    """The default :class:`Transport`: ``torch.distributed`` point-to-point in the initialised process group."""
+
+    def begin_iteration(self) -> None:
+        pass
+
+    def isend(self, tensor: Tensor, peer: int) -> dist.Work:
+        return dist.isend(tensor, peer)
+
+    def irecv(self, buffer: Tensor, peer: int) -> dist.Work:
+        return dist.irecv(buffer, peer)
+
+    def share(self, values: Tensor) -> list[Tensor]:
+        everyone = [torch.zeros_like(values) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, values)  # (on the stage's device: NCCL groups gather only CUDA tensors)
+        return everyone
+
+
 class PipelineStage:
-    """Stage ``stage`` of ``num_stages``: runs 1F1B iterations and reports its operations and bubbles."""
+    """Stage ``stage`` of ``num_stages``: runs 1F1B iterations and reports its operations and bubbles.
+
+    Times are the device's (:class:`~hydro.bubbles.timing.DeviceTimer`: CUDA events on the stage's stream on a
+    GPU, the host clock on the CPU); the host synchronises with the device once per iteration (the optimizer step)
+    and where it announces a bubble (see :func:`~hydro.bubbles.hooks.announced_wait`), never per microbatch.
+    ``timeline`` holds the operations (``time.time()`` seconds), ``device_bubbles`` the waits as the device saw
+    them. ``transport``: the neighbours (default: the process group; see :mod:`hydro.bubbles.emulated` for
+    emulated ones).
+    """
 
     def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, listener: BubbleListener,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", transport: Transport | None = None) -> None:
         self.spec, self.stage, self.num_stages, self.listener = spec, stage, num_stages, listener
         self.device = torch.device(device)
+        self.transport = transport if transport is not None else ProcessGroupTransport()
+        self.timer = DeviceTimer(self.device)
         self.model = spec.stage_model(stage, num_stages).to(self.device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=spec.lr)
         self.schedule = one_f_one_b(num_stages, spec.microbatches)[stage]
         self.predicted_wait = [0.0] * len(self.schedule)  # seconds idle before each operation
         self.iteration = 0
         self.timeline: list[Interval] = []
+        self.device_bubbles: list[Interval] = []
 
     @property
     def first(self) -> bool:
@@ -99,37 +142,53 @@ class PipelineStage:
     def run_iteration(self) -> float:
         """One training iteration (all microbatches, then the optimizer step); returns its loss (last stage)."""
         x, y = self.spec.batch(self.iteration)
+        self.transport.begin_iteration()
         receives = self._post_receives()
         stash: dict[int, tuple[Tensor | None, Tensor]] = {}
-        sends, loss_total = [], 0.0
+        sends, losses = [], []
+        marks: list[tuple[str, Mark, Mark]] = []
+        waits: dict[int, tuple[Mark, Mark]] = {}
         for index, op in enumerate(self.schedule):
             if op.kind == "F":
                 if self.first:
                     inputs = x[op.microbatch].to(self.device)
                 else:
-                    inputs = self._receive(*receives[index], index).requires_grad_()
-                start = time.time()
+                    inputs = self._receive(*receives[index], index, waits).requires_grad_()
+                start = self.timer.mark()
                 out = self.model(inputs)
                 if self.last:
                     out = nn.functional.cross_entropy(out, y[op.microbatch].to(self.device)) / self.spec.microbatches
-                    loss_total += float(out.detach())
+                    losses.append(out.detach())
                 else:
-                    sends.append(dist.isend(out.detach().contiguous(), self.stage + 1))
+                    sends.append(self.transport.isend(out.detach().contiguous(), self.stage + 1))
                 stash[op.microbatch] = (None if self.first else inputs, out)
             else:
                 inputs, out = stash.pop(op.microbatch)
-                grad = None if self.last else self._receive(*receives[index], index)
-                start = time.time()
+                grad = None if self.last else self._receive(*receives[index], index, waits)
+                start = self.timer.mark()
                 out.backward(grad)
                 if not self.first:
-                    sends.append(dist.isend(inputs.grad.contiguous(), self.stage - 1))
-            self.timeline.append(Interval(self.stage, start, time.time(), f"{op.kind}{op.microbatch}"))
+                    sends.append(self.transport.isend(inputs.grad.contiguous(), self.stage - 1))
+            marks.append((f"{op.kind}{op.microbatch}", start, self.timer.mark()))
         for work in sends:
             work.wait()
         self.optimizer.step()
         self.optimizer.zero_grad()
+        loss = float(torch.stack(losses).sum()) if losses else 0.0  # the iteration's one synchronisation
+        self._resolve(marks, waits)
         self.iteration += 1
-        return loss_total
+        return loss
+
+    def _resolve(self, marks: list[tuple[str, Mark, Mark]], waits: dict[int, tuple[Mark, Mark]]) -> None:
+        """Turn the iteration's marks into the timeline and the device's bubbles; update the predicted waits from
+        the measured ones (the simulated 1F1B timeline is the prior)."""
+        self.timer.wait(self.timer.mark())
+        for label, start, end in marks:
+            self.timeline.append(Interval(self.stage, self.timer.wall(start), self.timer.wall(end), label))
+        for index, (start, end) in waits.items():
+            self.device_bubbles.append(Interval(self.stage, self.timer.wall(start), self.timer.wall(end), "bubble"))
+            self.predicted_wait[index] = 0.5 * self.predicted_wait[index] + 0.5 * self.timer.seconds(start, end)
+        self.timer.anchor()
 
     def _post_receives(self) -> dict[int, tuple[dist.Work, Tensor]]:
         """Post every receive of the iteration up front (by operation index): gloo and NCCL send a tensor only
@@ -141,18 +200,13 @@ class PipelineStage:
             source = self.stage - 1 if op.kind == "F" else self.stage + 1
             if 0 <= source < self.num_stages:
                 buffer = torch.empty(shape, device=self.device)
-                receives[index] = (dist.irecv(buffer, source), buffer)
+                receives[index] = (self.transport.irecv(buffer, source), buffer)
         return receives
 
-    def _receive(self, work: dist.Work, buffer: Tensor, index: int) -> Tensor:
-        """Wait for a posted receive: a bubble, announced with its predicted length, which is then updated
-        from the measured wait (the simulated 1F1B timeline is the prior)."""
-        self.listener.bubble_started(self.stage, self.predicted_wait[index], free_memory_bytes(self.device))
-        start = time.perf_counter()
-        work.wait()
-        waited = time.perf_counter() - start
-        self.listener.bubble_ended(self.stage)
-        self.predicted_wait[index] = 0.5 * self.predicted_wait[index] + 0.5 * waited
+    def _receive(self, work: dist.Work, buffer: Tensor, index: int, waits: dict[int, tuple[Mark, Mark]]) -> Tensor:
+        """Wait for a posted receive: a bubble, announced with its predicted length; its device marks go to
+        ``waits``."""
+        waits[index] = announced_wait(self.listener, self.stage, self.predicted_wait[index], self.timer, work.wait)
         return buffer
 
     def profile(self, iterations: int = 2) -> tuple[float, float]:
@@ -161,9 +215,9 @@ class PipelineStage:
         self.timeline.clear()
         for _ in range(iterations):
             self.run_iteration()
-        mine = torch.tensor([_mean(self.timeline, "F"), _mean(self.timeline, "B")], dtype=torch.float64)
-        everyone = [torch.zeros(2, dtype=torch.float64) for _ in range(self.num_stages)]
-        dist.all_gather(everyone, mine)
+        mine = torch.tensor([_mean(self.timeline, "F"), _mean(self.timeline, "B")], dtype=torch.float64,
+                            device=self.device)
+        everyone = [t.cpu() for t in self.transport.share(mine)]
         forward, backward = [float(t[0]) for t in everyone], [float(t[1]) for t in everyone]
         ops, bubbles = simulate(one_f_one_b(self.num_stages, self.spec.microbatches), forward, backward)
         own = [o for o in ops if o.stage == self.stage]
@@ -173,7 +227,8 @@ class PipelineStage:
         self.predicted_wait[0] += sum(b.length for b in bubbles if b.stage == self.stage and b.end >= max(
             o.end for o in ops) - 1e-12)
         self.timeline.clear()
-        return mine[0].item(), mine[1].item()
+        self.device_bubbles.clear()
+        return forward[self.stage], backward[self.stage]
 
     def run_frequency_plan(self, iterations: int, frequencies: list[int], device: EnergyDevice) -> list[float]:
         """Run ``iterations`` with ``frequencies[i]`` (MHz) set on ``device`` before this stage's i-th instruction

@@ -6,7 +6,8 @@ bubbles. ``attach_fill`` co-locates a Hydro fused trial with the stage, in a pro
 core (:class:`~hydro.bubbles.fill_process.FillProcess`): ``SlotMode.GATED`` runs it only inside bubbles, layer
 by layer, under ``SCHED_IDLE``; ``SlotMode.NAIVE`` lets it run alongside at normal priority (for contrast).
 The fill is untrusted: an iteration never waits for it, and a fill that raises, crashes or hangs is detached.
-Stage actors are named ``hydro-bubbles/<job>/<stage>`` so a placement policy can find them.
+Stage actors are named ``hydro-bubbles/<job>/<stage>`` so a placement policy can find them. The stages rendezvous
+on the address of the node Ray placed stage 0 on (loopback when all share one node), so a job spans nodes.
 """
 from __future__ import annotations
 
@@ -41,28 +42,46 @@ class StageHost(FillHost):
 
     modes = (SlotMode.GATED, SlotMode.NAIVE)
 
-    def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, address: str, fill_memory_bytes: int | None,
+    def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, fill_memory_bytes: int | None,
                  timeouts: dict | None = None):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(1)
-        device = stage_device()
-        torch.distributed.init_process_group(process_group_backend(device), init_method=address, rank=stage,
-                                             world_size=num_stages)
         cores = sorted(os.sched_getaffinity(0))
         super().__init__(f"stage {stage}", {cores[stage % len(cores)]}, fill_memory_bytes, timeouts,  # shares the core
                          preload=FILL_PRELOAD)
         self.recorder = BubbleRecorder(self.gate)
-        self.stage = PipelineStage(spec, stage, num_stages, self.recorder, device)
+        self.spec, self.rank, self.num_stages = spec, stage, num_stages
+        self.stage: PipelineStage | None = None  # once connected
+
+    def node(self) -> tuple[str, int]:
+        """This stage's node address (Ray's) and a free port on it (for the rendezvous of stage 0)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def connect(self, address: str) -> None:
+        """Join the job's process group at ``address`` (see :func:`rendezvous`) and build the stage. Gloo talks over
+        the interface that carries this node's address (loopback for a single-node job) unless
+        ``GLOO_SOCKET_IFNAME`` is set."""
+        host = address.removeprefix("tcp://").rpartition(":")[0]
+        interface = "lo" if host == LOOPBACK else interface_of(ray.util.get_node_ip_address())
+        if interface is not None:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        device = stage_device()
+        torch.distributed.init_process_group(process_group_backend(device), init_method=address, rank=self.rank,
+                                             world_size=self.num_stages)
+        self.stage = PipelineStage(self.spec, self.rank, self.num_stages, self.recorder, device)
 
     def profile(self, iterations: int) -> tuple[float, float]:
         return self.stage.profile(iterations)
 
     def run(self, iterations: int, fill_activity: bool = False) -> dict:
-        """Run ``iterations``; returns the stage's losses, operations and bubbles (wall-clock seconds), and the
+        """Run ``iterations``; returns the stage's losses, operations and bubbles (wall-clock seconds; ``bubbles`` as
+        the fill's gate saw them, ``device_bubbles`` as the stage's device did), and the
         hosted fill trial's work meanwhile (its units' times too with ``fill_activity``). The iterations never
         wait for the fill; a fill found dead or hung afterwards is detached."""
         os.sched_setaffinity(0, self.cpus)
         self.stage.timeline.clear()
+        self.stage.device_bubbles.clear()
         self.recorder.bubbles.clear()
         fill = self.fill
         fill_steps, fill_compute = (fill.completed_steps, fill.compute_s) if fill is not None else (0, 0.0)
@@ -73,7 +92,8 @@ class StageHost(FillHost):
             self.check_fill()
         report = {"stage": self.stage.stage, "losses": losses, "wall_s": time.time() - started,
                   "ops": [asdict(i) for i in self.stage.timeline],
-                  "bubbles": [{**asdict(b), "length": b.length} for b in self.recorder.bubbles]}
+                  "bubbles": [{**asdict(b), "length": b.length} for b in self.recorder.bubbles],
+                  "device_bubbles": [asdict(b) for b in self.stage.device_bubbles]}
         if fill is not None and fill is self.fill:  # the same fill trial throughout: its work in this run
             report["fill_steps"] = fill.completed_steps - fill_steps
             report["fill_compute_s"] = fill.compute_s - fill_compute
@@ -111,6 +131,32 @@ class StageHost(FillHost):
                 "energy_j": device.energy_j() - energy, "frequency_after_mhz": device.get_frequency_mhz()}
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def rendezvous(nodes: list[tuple[str, int]]) -> str:
+    """The process group's address from every stage's ``(node address, free port)``: stage 0's node and port, or
+    loopback when all stages share one node."""
+    address, port = nodes[0]
+    return f"tcp://{LOOPBACK if len({a for a, _ in nodes}) == 1 else address}:{port}"
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface with IPv4 ``address`` (Linux), ``None`` if none has it."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                request = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+            except OSError:  # no IPv4 address
+                continue
+            if socket.inet_ntoa(request[20:24]) == address:
+                return name
+    return None
+
+
 def stage_device() -> torch.device:
     """This stage's device: the first GPU Ray gave the actor, else the CPU."""
     gpus = ray.get_gpu_ids()
@@ -139,11 +185,12 @@ class PipelineJob:
                 f"cannot connect two ranks on one device (NCCL 2.28 on an H200: 'invalid usage'); give each stage a "
                 f"whole GPU (num_gpus_per_stage=1) or run the stages on CPUs with gloo (num_gpus_per_stage=0)")
         self.spec, self.num_stages, self.name = spec, num_stages, name
-        address = f"tcp://127.0.0.1:{_free_port()}"
         actor = stage_actor(num_cpus_per_stage, num_gpus_per_stage)
         self.actor_names = [f"hydro-bubbles/{name}/{s}" for s in range(num_stages)]
-        self.stages = [actor.options(name=n).remote(spec, s, num_stages, address, fill_memory_bytes, timeouts)
+        self.stages = [actor.options(name=n).remote(spec, s, num_stages, fill_memory_bytes, timeouts)
                        for s, n in enumerate(self.actor_names)]
+        address = rendezvous(ray.get([s.node.remote() for s in self.stages]))  # the nodes Ray placed them on
+        ray.get([s.connect.remote(address) for s in self.stages])
         self.service = None
 
     def register(self, service, iterations: int = 3) -> None:
@@ -220,9 +267,3 @@ def start_dedicated_hosts(service, count: int, num_cpus: float = 1, fill_memory_
 def pickled_workload(spec: TuneSpec) -> bytes:
     """``spec`` as fill processes take it: a cloudpickle, so they need not import the user's workload file."""
     return cloudpickle.dumps(spec)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -4,6 +4,7 @@ not fit a bubble start another fused trial; late-stage trials and the target mov
 end and host death move members on without loss; a fill whose code raises fails its members once with its own
 cause (not retried); a fill process SIGKILLed (as by the OOM killer) is retried and its members end exactly."""
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from tests.tune.workload import SPACE, FaultAtEpoch, Recoveries, faults
 
 PIPELINE = PipelineSpec(width=128, depth=6, microbatches=4, microbatch_size=16)
 EPOCHS = 3
+DEADLINE_S = 300.0  # generous bound of the waits below: slow under load fails loudly, it never hangs
 
 
 class RunningJob:
@@ -39,7 +41,7 @@ class RunningJob:
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.iterations = 0
-        self.thread = threading.Thread(target=self._loop)
+        self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
@@ -54,7 +56,8 @@ class RunningJob:
     def end(self) -> None:
         if not self.stop.is_set():
             self.stop.set()
-            self.thread.join()
+            self.thread.join(timeout=DEADLINE_S)
+            assert not self.thread.is_alive(), f"the pipeline job's 5 iterations took over {DEADLINE_S:.0f} s"
             self.job.shutdown()
         if self.error is not None:
             raise self.error
@@ -172,27 +175,30 @@ def test_job_end_and_host_death_move_members_on_without_loss(service, tmp_path):
     FIRST_EPOCH.clear()
 
     def disrupt() -> None:
-        """End the job once a unit there finished an epoch; then kill the dedicated worker a unit moves to."""
-        for _ in range(3000):
-            slots = ray.get(service.slots.remote())
-            if any(s["trial"] and s["job"] == "ending" for s in slots) and FIRST_EPOCH.is_set():
-                break
+        """End the job once a unit there finished an epoch; then kill the dedicated worker a unit moves to, once
+        its fill trial has trained a step there."""
+        deadline = time.monotonic() + DEADLINE_S
+        while not (FIRST_EPOCH.is_set() and any(s["trial"] and s["job"] == "ending"
+                                                 for s in ray.get(service.slots.remote()))):
+            if time.monotonic() > deadline:
+                return  # (the assertions below say so)
             threading.Event().wait(0.05)
         job.end()
-        for _ in range(3000):
-            hosting = [s["name"] for s in ray.get(service.slots.remote())
-                       if s["name"].startswith("dedicated/") and s["trial"]]
-            if hosting:
-                threading.Event().wait(0.3)
-                killed.append(hosting[0])
-                ray.kill(ray.get_actor(f"hydro-bubbles/{hosting[0]}"))
-                return
+        while time.monotonic() < deadline:
+            for slot in ray.get(service.slots.remote()):
+                if slot["name"].startswith("dedicated/") and slot["trial"]:
+                    host = ray.get_actor(f"hydro-bubbles/{slot['name']}")
+                    if (ray.get(host.fill_steps.remote()) or 0) > 0:
+                        killed.append(slot["name"])
+                        ray.kill(host)
+                        return
             threading.Event().wait(0.05)
 
-    disruptor = threading.Thread(target=disrupt)
+    disruptor = threading.Thread(target=disrupt, daemon=True)
     disruptor.start()
     results, _ = _fit(tmp_path, "ending", num_samples=2, transfer_fraction=None, callbacks=[EpochReported()])
-    disruptor.join()
+    disruptor.join(timeout=DEADLINE_S)
+    assert not disruptor.is_alive(), "the disruptor still waits"
     (result,) = results
     slots = _check_exact(result)
     assert len(killed) == 1 and slots[0].startswith("ending/") and slots[-1].startswith("dedicated/")

@@ -1,5 +1,6 @@
 """Schedule, gate and fill runtime of the Bubble Squeezer, in plain Python (threads and processes, no Ray):
 a fill process trains a user TuneSpec's fused trial exactly as alone, and its failures are contained."""
+import os
 import pickle
 import threading
 import time
@@ -13,6 +14,27 @@ from hydro.bubbles.schedule import Op, bubble_fraction
 from tests.bubbles.workload import plan, same_members, spec, train_alone, workload
 
 MEMBER_IDS = ["m0", "m1", "m2"]
+DEADLINE_S = 120.0  # generous bound of every wait in these tests: a machine under load is slow, a hang is endless
+
+
+def _thread(target) -> threading.Thread:
+    """A started daemon thread: one blocked forever cannot keep pytest from ending."""
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def _joined(thread: threading.Thread) -> None:
+    thread.join(timeout=DEADLINE_S)
+    assert not thread.is_alive(), f"the thread still waits after {DEADLINE_S:.0f} s"
+
+
+def _until(condition, what: str) -> None:
+    """Poll ``condition()`` until true; fail (not hang) after :data:`DEADLINE_S`."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {DEADLINE_S:.0f} s"
+        time.sleep(0.01)
 
 
 def test_1f1b_order_and_bubble_fraction():
@@ -28,13 +50,13 @@ def test_1f1b_order_and_bubble_fraction():
 def test_gate_blocks_outside_bubbles_and_respects_the_predicted_length():
     gate = BubbleGate()
     passed = threading.Event()
-    waiter = threading.Thread(target=lambda: (gate.wait_for(0.0), passed.set()))
-    waiter.start()
+    waiter = _thread(lambda: (gate.wait_for(0.0), passed.set()))
     time.sleep(0.05)
     assert not passed.is_set()  # no bubble yet
-    gate.bubble_started(0, 1.0, 0)  # (long enough for the waiter to wake on a loaded machine)
-    waiter.join(timeout=5)
+    gate.bubble_started(0, 10 * DEADLINE_S, 0)  # (open until the waiter wakes, however loaded the machine)
+    _joined(waiter)
     assert passed.is_set()
+    gate.bubble_ended(0)
     outcome = []
 
     def long_layer():
@@ -44,13 +66,12 @@ def test_gate_blocks_outside_bubbles_and_respects_the_predicted_length():
         except FillAborted:
             outcome.append("aborted")
 
-    waiter = threading.Thread(target=long_layer)
-    waiter.start()
+    waiter = _thread(long_layer)
     gate.bubble_started(0, 0.5, 0)  # a 10 s layer does not fit a 0.5 s bubble
     time.sleep(0.05)
     assert outcome == []
     gate.abort()
-    waiter.join(timeout=5)
+    _joined(waiter)
     assert outcome == ["aborted"]
     with pytest.raises(FillAborted):
         gate.wait_for(0.0)
@@ -76,18 +97,23 @@ def test_one_slow_run_of_a_unit_does_not_change_the_bubble_it_asks_for():
     assert gate.layer_cost["spiky"] < 0.05 and gate.layer_cost["slow"] >= 0.05
 
 
+def _open_bubbles_until_done(gate: BubbleGate, waiter: threading.Thread, predicted_s: float) -> int:
+    """Start bubbles predicted ``predicted_s`` until ``waiter`` ends; returns how many. The bubble stays open, so
+    the waiter sees every start it wakes for open (each start posts the doorbell once), however late it wakes."""
+    bubbles, deadline = 0, time.monotonic() + DEADLINE_S
+    while waiter.is_alive() and time.monotonic() < deadline:
+        gate.bubble_started(0, predicted_s, 0)
+        bubbles += 1
+        time.sleep(0.002)
+    _joined(waiter)
+    return bubbles
+
+
 def test_a_unit_longer_than_every_bubble_is_reported_instead_of_waiting_forever():
     gate = BubbleGate(max_skipped=20)
     errors = []
-    waiter = threading.Thread(target=lambda: _catch(lambda: gate.wait_for(0.5, "B:layers.0"), errors))
-    waiter.start()
-    for _ in range(200):  # 20 bubbles predicted 10 ms: the 500 ms unit fits none
-        if not waiter.is_alive():
-            break
-        gate.bubble_started(0, 0.01, 0)
-        time.sleep(0.002)
-        gate.bubble_ended(0)
-    waiter.join(timeout=5)
+    waiter = _thread(lambda: _catch(lambda: gate.wait_for(0.5, "B:layers.0"), errors))
+    assert _open_bubbles_until_done(gate, waiter, 0.01) >= 20  # 20 bubbles predicted 10 ms: 500 ms fits none
     assert len(errors) == 1 and isinstance(errors[0], UnitNeverFits)
     assert "'B:layers.0' takes 500.00 ms" in str(errors[0]) and "at most 10.00 ms" in str(errors[0])
 
@@ -97,16 +123,8 @@ def test_a_unit_a_little_longer_than_every_bubble_runs_in_one_after_waiting_its_
     never running (the stage preempts it under SCHED_IDLE)."""
     gate = BubbleGate(max_skipped=20)
     errors, started = [], []
-    waiter = threading.Thread(target=lambda: _catch(lambda: (gate.wait_for(0.015, "F:layers.0"),
-                                                             started.append(True)), errors))
-    waiter.start()
-    bubbles = 0
-    while waiter.is_alive() and bubbles < 200:
-        gate.bubble_started(0, 0.01, 0)
-        bubbles += 1
-        time.sleep(0.002)
-        gate.bubble_ended(0)
-    waiter.join(timeout=5)
+    waiter = _thread(lambda: _catch(lambda: (gate.wait_for(0.015, "F:layers.0"), started.append(True)), errors))
+    bubbles = _open_bubbles_until_done(gate, waiter, 0.01)
     assert errors == [] and started == [True] and bubbles >= 21
 
 
@@ -144,15 +162,21 @@ class Bubbles:
         self.lock.release()
 
     def end(self) -> None:
+        if self.lock.locked() and self.thread.is_alive():  # paused by a test that failed before resuming
+            try:
+                self.lock.release()
+            except RuntimeError:  # released meanwhile
+                pass
         self.stop.set()
-        self.thread.join()
+        _joined(self.thread)
 
 
 def _decide_all(fill: FillProcess, epochs: int, keep=lambda result: result.member_ids) -> list:
     """Decide every epoch result until ``epochs``: returns the (result, state) of each."""
     decided = []
-    deadline = time.monotonic() + 300
-    while len(decided) < epochs and time.monotonic() < deadline:
+    deadline = time.monotonic() + DEADLINE_S
+    while len(decided) < epochs:
+        assert time.monotonic() < deadline, f"{len(decided)} of {epochs} epochs after {DEADLINE_S:.0f} s"
         result = fill.poll()["result"]
         if result is None:
             time.sleep(0.01)
@@ -180,8 +204,7 @@ def test_fill_process_trains_a_tunespec_trial_in_bubbles_exactly_as_alone_and_co
         decided = _decide_all(fill, 2, keep=lambda r: [m for m in r.member_ids if r.epoch < 2 or m != "m1"])
         assert [r.epoch for r, _ in decided] == [1, 2]
         assert decided[1][1]["trial"]["member_ids"] == ["m0", "m2"]
-        while fill.completed_steps < 23:  # 3 steps into epoch 3 (10 steps per epoch): stop mid-epoch
-            time.sleep(0.005)
+        _until(lambda: fill.completed_steps >= 23, "3 steps into epoch 3")  # (10 steps per epoch): stop mid-epoch
         state = fill.stop()
     finally:
         bubbles.end()
@@ -221,17 +244,13 @@ def test_a_failing_fill_process_is_contained_and_reported_with_its_cause(fault, 
     try:
         fill = FillProcess(gate, None, workload=workload(spec(fault=fault, at=15)), plan=plan(),
                            member_ids=MEMBER_IDS, idle=False, unit_timeout_s=2)
-        while fill.poll()["result"] is None:  # the first epoch (10 loss calls + evaluation) is fine
-            time.sleep(0.01)
+        _until(lambda: fill.poll()["result"] is not None, "epoch 1")  # (10 loss calls + evaluation) is fine
         bubbles.pause()  # the fault (in epoch 2) waits for bubbles: the decision's answer arrives first
         state = fill.decide(MEMBER_IDS)
         bubbles.resume()
         assert same_members(state, train_alone(spec(), plan(), 1))  # the last state to move on from
-        deadline = time.monotonic() + 60
         with pytest.raises(FillFailed, match=cause) as failed:
-            while time.monotonic() < deadline:
-                fill.poll()
-                time.sleep(0.05)
+            _until(lambda: fill.poll() is None, "the fault")  # (poll returns a dict until it raises)
         assert failed.value.failure.kind is kind and not fill._process.is_alive()
         assert pickle.loads(pickle.dumps(failed.value)).failure == failed.value.failure  # crosses Ray intact
         with pytest.raises(FillFailed, match=cause):  # every later request says the same, at once
@@ -263,19 +282,21 @@ def test_a_failed_fill_is_reported_once_whoever_finds_it_and_the_slot_is_free_ag
     exactly once and the host can take the next fill."""
     host = DedicatedHost("worker", timeouts={"unit_timeout_s": 2})
     host.attach_fill(workload(spec(fault="raise", at=12)), plan(), SlotMode.DEDICATED, member_ids=MEMBER_IDS)
-    deadline = time.monotonic() + 60
-    status = None
-    while time.monotonic() < deadline:
+    found = []
+
+    def failure_found() -> bool:
         if found_by == "watchdog":
             host.check_fill()
             if host.fill is None:
-                status = host.fill_status()
-                break
+                found.append(host.fill_status())
         else:
             status = host.fill_status()
             if status is not None and "failed" in status:
-                break
-        time.sleep(0.05)
+                found.append(status)
+        return bool(found)
+
+    _until(failure_found, f"the failure found by the {found_by}")
+    status, = found
     assert set(status) == {"failed", "failure"} and "ZeroDivisionError: fault injected" in status["failed"]
     failure = status["failure"]
     assert failure.kind is FailureKind.RAISED and failure.cause == status["failed"]
@@ -293,8 +314,8 @@ def test_a_status_request_is_answered_at_the_fills_news_not_at_its_time_limit():
     host.attach_fill(workload(spec(epochs=2)), plan(), SlotMode.DEDICATED, member_ids=MEMBER_IDS)
     for epoch in (1, 2):
         start = time.monotonic()
-        status = host.fill_status(wait_s=60)
-        assert status["result"].epoch == epoch and time.monotonic() - start < 30
+        status = host.fill_status(wait_s=DEADLINE_S)
+        assert status["result"].epoch == epoch and time.monotonic() - start < DEADLINE_S
         assert host.fill_decide(MEMBER_IDS)["state"]["trial"]["epoch"] == epoch
     assert host.fill_status(wait_s=0.5) == {"result": None, "finished": True}  # (its end was news)
     start = time.monotonic()
@@ -302,9 +323,50 @@ def test_a_status_request_is_answered_at_the_fills_news_not_at_its_time_limit():
     assert time.monotonic() - start >= 0.5
     host.detach_fill()
     host.attach_fill(workload(spec(fault="hang", at=5)), plan(), SlotMode.DEDICATED, member_ids=MEMBER_IDS)
-    killer = threading.Timer(1.0, lambda: host.fill.kill())  # as the OOM killer would, while the caller waits
+    fill = host.fill
+    killer = threading.Timer(1.0, fill.kill)  # as the OOM killer would, while the caller waits
+    killer.daemon = True
     killer.start()
     start = time.monotonic()
-    status = host.fill_status(wait_s=60)
-    killer.join()
-    assert "failed" in status and "SIGKILL" in status["failed"] and time.monotonic() - start < 30
+    status = host.fill_status(wait_s=DEADLINE_S)
+    _joined(killer)
+    assert "failed" in status and "SIGKILL" in status["failed"] and time.monotonic() - start < DEADLINE_S
+
+
+def test_a_starved_idle_fill_is_not_taken_for_a_hung_one():
+    """A fill under ``SCHED_IDLE`` on a core a normal-priority process keeps busy for six times its unit time limit
+    barely runs; the watchdog does not count the time it waited for the core, so it is slow, not hung. (It starts at
+    normal priority, so that its first steps do not wait for an idle core on a loaded machine, and is then set to
+    ``SCHED_IDLE``, every thread, as a gated fill runs.)"""
+    import subprocess
+    import sys
+
+    from hydro.bubbles.fill_process import _UNIT_STARTED
+
+    core = min(os.sched_getaffinity(0))
+    fill = FillProcess(BubbleGate(always_open=True), {core}, workload=workload(spec(epochs=50)), plan=plan(),
+                       member_ids=MEMBER_IDS, idle=False, unit_timeout_s=0.5)
+    try:
+        _until(lambda: fill.completed_steps > 0, "a first step")
+        for thread in os.listdir(f"/proc/{fill._process.pid}/task"):
+            os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+        busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\n"
+                                                       f"print(flush=True)\nwhile True:\n    pass"],
+                                stdout=subprocess.PIPE)
+        in_flight = 0
+        try:
+            busy.stdout.readline()
+            starved_until = time.monotonic() + 3.0
+            while time.monotonic() < starved_until:
+                fill.check()  # the watchdog, as a host runs it
+                in_flight += fill._progress[_UNIT_STARTED] != 0
+                time.sleep(0.05)
+        finally:
+            busy.kill()
+            busy.wait()
+            busy.stdout.close()
+        fill.check()
+        assert in_flight > 10  # a unit was in flight (starved) while the watchdog looked
+    finally:
+        fill.kill()
+    assert fill.failure is None

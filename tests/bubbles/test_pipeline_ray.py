@@ -7,7 +7,7 @@ import ray
 import torch
 
 from hydro.bubbles import FailureKind, FillTooLarge, PipelineSpec, SlotMode
-from hydro.tune.pipeline_job import PipelineJob, process_group_backend
+from hydro.tune.pipeline_job import PipelineJob, interface_of, process_group_backend, rendezvous
 from tests.bubbles.workload import plan, same_members, spec, train_alone
 from tests.bubbles.alone import train_unsplit
 
@@ -107,3 +107,10 @@ def test_job_ending_mid_fill_hands_back_states(job):
     ended = job.shutdown()
     assert ended[0] is None and ended[1]["state"]["pending"].epoch == 1  # awaiting its decision: kept
     assert same_members(ended[1]["state"], train_alone(spec(), plan(), 1))
+
+
+def test_stages_rendezvous_on_their_nodes_addresses():
+    """Stages on several nodes meet at stage 0's node address (not loopback); on one node, over loopback."""
+    assert rendezvous([("10.0.0.1", 5001), ("10.0.0.2", 6001)]) == "tcp://10.0.0.1:5001"
+    assert rendezvous([("10.0.0.1", 5001), ("10.0.0.1", 6001)]) == "tcp://127.0.0.1:5001"
+    assert interface_of("127.0.0.1") == "lo" and interface_of("203.0.113.7") is None  # (a documentation address)

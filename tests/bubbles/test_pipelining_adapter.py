@@ -1,5 +1,5 @@
-"""The BubbleListener adapter for torch.distributed.pipelining: a real 2-stage Schedule1F1B over gloo (two
-processes) reports every wait as a bubble and trains exactly as without the adapter."""
+"""The BubbleListener adapter for torch.distributed.pipelining: a real 2-stage Schedule1F1B or ScheduleGPipe over
+gloo (two processes) reports every wait as a bubble and trains exactly as without the adapter."""
 import os
 import socket
 
@@ -20,8 +20,9 @@ def _stage_module(stage: int) -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU()) if stage == 0 else nn.Sequential(nn.Linear(32, 4))
 
 
-def _worker(rank: int, port: int, queue) -> None:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+def _worker(rank: int, port: int, queue, schedule_name: str) -> None:
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining import PipelineStage
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
@@ -32,7 +33,7 @@ def _worker(rank: int, port: int, queue) -> None:
             module = _stage_module(rank)
             optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
             stage = PipelineStage(module, rank, 2, torch.device("cpu"))
-            schedule = Schedule1F1B(stage, MICROBATCHES, loss_fn=nn.functional.cross_entropy)
+            schedule = getattr(pipelining, schedule_name)(stage, MICROBATCHES, loss_fn=nn.functional.cross_entropy)
             recorder = BubbleRecorder()
             runner = PipeliningBubbles(schedule, recorder, rank) if hooked else schedule
             losses = []
@@ -54,13 +55,15 @@ def _worker(rank: int, port: int, queue) -> None:
         dist.destroy_process_group()
 
 
-def test_schedule_1f1b_waits_are_reported_as_bubbles_and_training_is_unchanged():
+@pytest.mark.parametrize("schedule_name", ["Schedule1F1B", "ScheduleGPipe"])
+def test_single_stage_schedule_waits_are_reported_as_bubbles_and_training_is_unchanged(schedule_name):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     context = mp.get_context("spawn")
     queue = context.Queue()
-    processes = [context.Process(target=_worker, args=(rank, port, queue)) for rank in range(2)]
+    processes = [context.Process(target=_worker, args=(rank, port, queue, schedule_name), daemon=True)
+                 for rank in range(2)]
     for p in processes:
         p.start()
     outcomes = dict(queue.get(timeout=120) for _ in processes)
