@@ -71,8 +71,7 @@ class CardLocks:
                         self.release()
                         raise CardBusy(
                             f"hydro.energy: GPU {card}'s power limit is controlled by another process ({holder}; "
-                            f"lock {self.path(card)}) and was not let go within {self.wait_s:g} s; this process "
-                            f"keeps the card's current limit and measures, and tries again later (one process "
+                            f"lock {self.path(card)}) and was not let go within {self.wait_s:g} s (one process "
                             f"controls a card's power limit at a time)") from None
                     time.sleep(self.poll_s)
             os.ftruncate(fd, 0)

@@ -85,33 +85,27 @@ class PowerLimitProfiler:
         self.devices = list(devices)
         self._locks = CardLocks((d.card_id for d in self.devices if d.card_id is not None), wait_s=lock_wait_s)
         self._changed: set[int] = set()  # positions of the devices whose limit this profiler set
-        self._locks.acquire()
+        self._locks.acquire()  # before reading the limits: another process's limit is not this card's own
         try:
-            self._setup(eta, warmup_steps, window_steps, step_w, known_limit, on_chosen, clock, ceiling_w,
-                        max_power_w)
+            self.saved_limits_w = [d.get_power_limit_w() for d in self.devices]
+            limits = candidate_limits(self.devices, step_w, power_ceiling_w(self.devices, ceiling_w))
+            if known_limit is not None and known_limit > limits[0]:
+                raise ValueError(f"hydro.energy: known_limit {known_limit} W is above the ceiling {limits[0]} W; "
+                                 f"pick the stored limit among those <= the ceiling.")
+            max_power_w = max(limits) * sum(d.share for d in self.devices) if max_power_w is None else max_power_w
+            self.optimizer = PowerLimitOptimizer(limits, eta=eta, max_power_w=max_power_w)
+            self._monitor = EnergyMonitor(self.devices, clock)
+            self._warmup, self._window = warmup_steps, window_steps
+            self._on_chosen = on_chosen
+            self._steps = 0
+            self._measuring: int | None = None
+            self.chosen_limit: int | None = None
+            self.controllable = True
+            exit_guard.guard(self.restore)
+            self._start(known_limit)
         except BaseException:
             self.close()
             raise
-
-    def _setup(self, eta, warmup_steps, window_steps, step_w, known_limit, on_chosen, clock, ceiling_w,
-               max_power_w) -> None:
-        """The constructor's work once the cards' locks are held."""
-        self.saved_limits_w = [d.get_power_limit_w() for d in self.devices]
-        limits = candidate_limits(self.devices, step_w, power_ceiling_w(self.devices, ceiling_w))
-        if known_limit is not None and known_limit > limits[0]:
-            raise ValueError(f"hydro.energy: known_limit {known_limit} W is above the ceiling {limits[0]} W; "
-                             f"pick the stored limit among those <= the ceiling.")
-        max_power_w = max(limits) * sum(d.share for d in self.devices) if max_power_w is None else max_power_w
-        self.optimizer = PowerLimitOptimizer(limits, eta=eta, max_power_w=max_power_w)
-        self._monitor = EnergyMonitor(self.devices, clock)
-        self._warmup, self._window = warmup_steps, window_steps
-        self._on_chosen = on_chosen
-        self._steps = 0
-        self._measuring: int | None = None
-        self.chosen_limit: int | None = None
-        self.controllable = True
-        exit_guard.guard(self.restore)
-        self._start(known_limit)
 
     # ------------------------------------------------------------ control
     def _set_all(self, watts: float) -> bool:

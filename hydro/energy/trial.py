@@ -124,11 +124,13 @@ class TrialEnergy:
                 self.profiler = PowerLimitProfiler(self.control, on_chosen=self._save, **self._profiling_args)
         except CardBusy as busy:
             self._release()
+            message = (f"{busy}; this trial keeps the card's current limit, is still measured, and tries again "
+                       f"every {self._poll_steps} steps")
             if self.card_busy is None:
-                warnings.warn(str(busy), PowerLimitWarning, stacklevel=3)
+                warnings.warn(message, PowerLimitWarning, stacklevel=3)
             else:
-                logger.info("%s", busy)
-            self.card_busy = str(busy)
+                logger.info("%s", message)
+            self.card_busy = message
             return
         self.card_busy = None
 
