@@ -52,8 +52,9 @@ class TrialEnergy:
     (W; default: the lowest limit they have at start), and key the stored profile (:func:`device_key`).
     ``max_power_w`` defaults to the ceiling times their summed ``share`` (a quarter of a card: a quarter of its
     MaxPower, so the cost is that share of the card's). A profiling claim holds a lease of ``lease_s`` (s),
-    renewed every third of it while profiling; a card whose limit another process controls is waited for at
-    most ``lock_wait_s`` (s) each time control is tried.
+    renewed every third of it while profiling. A card whose limit another process controls is waited for at
+    most ``lock_wait_s`` (s) the first time control is tried, and not at all at the later polls (training goes
+    on meanwhile, measured, at the card's current limit).
     """
 
     def __init__(
@@ -86,8 +87,8 @@ class TrialEnergy:
         self.eta, self.max_power_w = eta, float(max_power_w)
         self._monitor = EnergyMonitor(devices, clock)
         self._profiling_args = {"eta": eta, "warmup_steps": warmup_steps, "window_steps": window_steps, "clock": clock,
-                                "ceiling_w": self.ceiling_w, "max_power_w": self.max_power_w,
-                                "lock_wait_s": lock_wait_s}
+                                "ceiling_w": self.ceiling_w, "max_power_w": self.max_power_w}
+        self._lock_wait_s = lock_wait_s
         self._poll_steps = poll_steps
         self._steps = 0
         self.owner = ClaimOwner.this_process()
@@ -115,13 +116,14 @@ class TrialEnergy:
             self._claimed = False
 
     def _start_control(self) -> None:
+        wait = {"lock_wait_s": self._lock_wait_s if self.card_busy is None else 0.0}
         try:
             known = self._stored_limit()
             if known is not None:
-                self.profiler = PowerLimitProfiler(self.control, known_limit=known, **self._profiling_args)
+                self.profiler = PowerLimitProfiler(self.control, known_limit=known, **self._profiling_args, **wait)
             elif self.store.claim_profile(self.key, self.owner, self._lease_s):
                 self._claimed, self._renewed_at = True, self.store.clock()
-                self.profiler = PowerLimitProfiler(self.control, on_chosen=self._save, **self._profiling_args)
+                self.profiler = PowerLimitProfiler(self.control, on_chosen=self._save, **self._profiling_args, **wait)
         except CardBusy as busy:
             self._release()
             message = (f"{busy}; this trial keeps the card's current limit, is still measured, and tries again "

@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pynvml as real
 import pytest
 
+from hydro.energy import power_limit
 from hydro.energy.card_lock import CardBusy, CardLocks
 from hydro.energy.nvml import nvml_devices
 from hydro.energy.power_limit import PowerLimitWarning
@@ -57,6 +59,13 @@ def _tell(child: subprocess.Popen, expect: str) -> None:
 def test_a_second_process_waits_boundedly_then_takes_control_when_the_first_lets_go(tmp_path, monkeypatch):
     gpu = FakeGPU(UUID, real.NVML_DEVICE_ARCH_VOLTA)
     monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml([gpu]))
+    waits = []  # the wait of each try to take the card
+
+    def recording(card_ids, wait_s):
+        waits.append(wait_s)
+        return CardLocks(card_ids, wait_s=wait_s)
+
+    monkeypatch.setattr(power_limit, "CardLocks", recording)
     child = _holder()
     try:
         energy = TrialEnergy(nvml_devices(env={}), store=EnergyStore(tmp_path / "e.db"), model="m", batch_size=32,
@@ -67,14 +76,21 @@ def test_a_second_process_waits_boundedly_then_takes_control_when_the_first_lets
         assert energy.profiler is None and gpu.set_history == []  # measures only; nothing set
         assert energy.store.claim_holder(energy.key) is None  # the profile claim was given back
         energy.on_step()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            energy.on_step()  # a poll while the card is still held: no second wait, no second warning
+        assert energy.profiler is None and "tries again every 2 steps" in energy.card_busy and waits == [0.3, 0.0]
         _tell(child, "released")
-        energy.on_step()  # the poll: the lock is free now
+        energy.on_step()
+        energy.on_step()  # the next poll: the lock is free now
         assert energy.profiler is not None and energy.profiler.profiling and gpu.set_history == [250_000]
-        assert energy.card_busy is None
+        assert energy.card_busy is None and waits == [0.3, 0.0, 0.0]
         with pytest.raises(CardBusy, match=f"pid {os.getpid()}"):  # now this process holds it
             CardLocks([UUID], wait_s=0.1).acquire()
         energy.__exit__(None, None, None)
-        CardLocks([UUID], wait_s=0).acquire()  # let go on exit
+        free = CardLocks([UUID], wait_s=0)
+        free.acquire()  # let go on exit
+        free.release()
     finally:
         child.kill()
         child.wait()
