@@ -162,7 +162,7 @@ class EnergyStore:
         return [LimitMeasurement(*r) for r in rows]
 
     def _warn_unkeyed_profiles(self) -> None:
-        """Say once that profiles stored without their device (an older store) are not reused."""
+        """Log, once per store opened, that profiles stored without their device (an older store) are not reused."""
         with self._connect() as db:
             if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'profiles'").fetchone():
                 return
