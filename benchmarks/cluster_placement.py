@@ -2,20 +2,25 @@
 heterogeneity-aware placement, (c) (b) + elastic merge of survivors and release of freed GPUs.
 
 Cluster: 2 H100 + 2 A100 + 4 V100, relative throughput 3.5 : 2.2 : 1 (round numbers in line with NVIDIA's
-published training results) and the same 8 ms per-step overhead (``schedulers.placement.cluster``). Jobs
+published training results) and the same 8 ms per-step overhead (``schedulers.placement.cluster``) — assumed
+constants, neither measured nor predicted (no per-type step-time model exists to predict them from). Jobs
 (``schedulers.placement.simulator.job_stream``): 16 per run, Poisson arrivals; each tunes 32 configurations as
 S=8 µP surrogates fused 8 per trial with successive halving (rungs 1, 3, 9, 27 epochs, reduction 3; 2000 steps
 per epoch; a full-size step is 0.25 s on a V100) and then trains the best configuration at full size for 27
 epochs. Stopping depends on the job's trace only, so all policies tune to the same best configuration with the
-same member-epochs per job (checked). (b) and (c) place by earliest predicted finish
+same member-epochs per job (checked) — by construction of the simulator, not a finding. (b) and (c) place by earliest predicted finish
 (``EarliestFinish``): a trial goes to the GPU type on which it would finish first, counting the predicted wait
 for a busy GPU of that type behind the trials queued ahead of it. For reference, (b0) and (c0) are the
 previous greedy-gain placement (``HeterogeneityAware``: fastest free GPUs to the trials that gain most; a trial
 waits, at most 30 min, for a GPU on which it runs at >= 50% of its best speed). Three loads (mean inter-arrival
 10, 15, 30 min), ``--seeds`` streams each; means reported. Then (c)'s sensitivity to prediction error: each
-trial's predicted run time missed by a lognormal factor (σ of its log 0.15, 0.3, 0.5).
+trial's predicted run time missed by a lognormal factor (σ of its log 0.15, 0.3, 0.5); and the gain's
+sensitivity to the assumed speeds: GPU-hours saved by (b) and (c) against (a) for every per-step overhead of
+``--overheads-ms`` and speed scale of ``--speed-scales`` (each type's speed-up over the V100 scaled: rate ->
+1 + scale × (rate − 1); 0: all types alike, 1: as assumed). The JSON's ``assumptions`` records every constant.
 
     python benchmarks/cluster_placement.py [--seeds 5] [--jobs 16] [--out benchmarks/results]
+        [--overheads-ms 0 2 8 20 50] [--speed-scales 0 0.5 1 1.5]
 """
 from __future__ import annotations
 
@@ -26,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from schedulers.placement.cluster import A100, H100, V100, Cluster
+from schedulers.placement.cluster import A100, H100, V100, Cluster, GpuType
 from schedulers.placement.policies import (EarliestFinish, ElasticEarliestFinish, ElasticHeterogeneityAware,
                                            HeterogeneityAware, TypeOblivious)
-from schedulers.placement.simulator import job_stream, simulate
+from schedulers.placement.simulator import assumptions, job_stream, simulate
 
 CLUSTER = Cluster.of((H100, 2), (A100, 2), (V100, 4))
 LOADS = {"high (10 min)": 600.0, "medium (15 min)": 900.0, "low (30 min)": 1800.0}
@@ -41,15 +46,21 @@ POLICIES = {
     "(c) (b) + elastic merge": ElasticEarliestFinish,
 }
 ERRORS = (0.15, 0.3, 0.5)
+MERGE_S = 30.0  # simulate's default checkpoint-and-restore cost of a merge
+SWEPT = {"b": EarliestFinish, "c": ElasticEarliestFinish}  # the policies whose gain the speed sweep shows
 METRICS = ("gpu_hours", "makespan_s", "mean_queueing_s", "mean_jct_s")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="cluster_placement")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    args = parser.parse_args()
+    parser.add_argument("--overheads-ms", type=float, nargs="+", default=[0.0, 2.0, 8.0, 20.0, 50.0],
+                        help="per-step overheads (ms, every type) of the speed sweep")
+    parser.add_argument("--speed-scales", type=float, nargs="+", default=[0.0, 0.5, 1.0, 1.5],
+                        help="speed-up scales of the speed sweep (rate -> 1 + scale x (rate - 1))")
+    args = parser.parse_args(argv)
     started = time.perf_counter()
     rows, timelines = [], {}
     for load, interarrival in LOADS.items():
@@ -75,7 +86,7 @@ def main() -> None:
             table.append({"load": load, "policy": name, **mean, "gpu_hours_by_type": by_type,
                           **{f"{m}_vs_a": mean[m] / base[m] - 1 for m in METRICS}})
     print(f"cluster {dict(CLUSTER.counts)}; {args.jobs} jobs x {args.seeds} seeds per load; same best configuration "
-          f"and member-epochs under every policy: yes; {time.perf_counter() - started:.1f} s")
+          f"and member-epochs under every policy: yes (by construction of the simulator); {time.perf_counter() - started:.1f} s")
     print(f"{'load':<16} {'policy':<26} {'GPU-hours':>10} {'vs (a)':>7} {'makespan h':>11} {'vs (a)':>7} "
           f"{'queue min':>10} {'JCT h':>7} {'vs (a)':>7}  GPU-hours on {'/'.join(CLUSTER.counts)}")
     for r in table:
@@ -83,6 +94,14 @@ def main() -> None:
               f"{r['makespan_s'] / 3600:>11.2f} {r['makespan_s_vs_a']:>+7.0%} {r['mean_queueing_s'] / 60:>10.1f} "
               f"{r['mean_jct_s'] / 3600:>7.2f} {r['mean_jct_s_vs_a']:>+7.0%}  "
               + "/".join(f"{h:.1f}" for h in r["gpu_hours_by_type"].values()))
+    assumed = {**assumptions(CLUSTER, job_stream(args.jobs, steps_per_epoch=2000), MERGE_S),
+               "mean_interarrival_s": LOADS, "seeds": args.seeds,
+               "policies": {"(b0)/(c0) min_efficiency": 0.5, "(b0)/(c0) patience_s": HeterogeneityAware().patience_s},
+               "predicted_speeds": "none: no per-type step-time model to predict them from; every rate and "
+                                   "overhead is an assumed constant"}
+    print_assumptions(assumed)
+    speeds = speed_sensitivity(args.jobs, args.seeds, [ms / 1000 for ms in args.overheads_ms], args.speed_scales)
+    print_speed_sensitivity(speeds)
     sweep = sensitivity(args.jobs, args.seeds)
     print("\nsensitivity of (c) to prediction error (σ of log(predicted / actual run time) per trial): change vs (a)")
     print(f"{'load':<16} {'σ':>5} {'GPU-hours':>10} {'makespan':>9} {'JCT':>6}")
@@ -91,10 +110,71 @@ def main() -> None:
               f"{r['makespan_s_vs_a']:>+9.0%} {r['mean_jct_s_vs_a']:>+6.0%}")
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "cluster_placement.json"
-    out.write_text(json.dumps({"cluster": dict(CLUSTER.counts), "loads": LOADS, "table": table, "sensitivity": sweep,
-                               "runs": rows}, indent=2))
+    out.write_text(json.dumps({"cluster": dict(CLUSTER.counts), "loads": LOADS, "assumptions": assumed,
+                               "table": table, "sensitivity": sweep, "speed_sensitivity": speeds, "runs": rows},
+                              indent=2))
     print(f"wrote {out}")
     print(f"wrote {plot(table, timelines, args.out / 'cluster_placement.png')}")
+
+
+def print_assumptions(assumed: dict) -> None:
+    print("\nassumed constants (not measured; not predicted):")
+    for name, gpu in assumed["gpu_types"].items():
+        print(f"  {name}: {gpu['count']} GPUs, rate {gpu['rate']:g} x the V100, per-step overhead "
+              f"{gpu['overhead_s'] * 1000:g} ms ({gpu['source']})")
+    jobs = assumed["jobs"]
+    print(f"  step time = {assumed['step_seconds']}; merge {assumed['merge_s']:g} s; jobs: {jobs['configs']} "
+          f"configurations fused {jobs['fusion']} per trial, surrogate work {jobs['surrogate_work']} s/member-step, "
+          f"target {jobs['target_work']} s/step on the V100, {jobs['steps_per_epoch']} steps per epoch, rungs "
+          f"{jobs['rungs']}")
+    print(f"  predicted speeds: {assumed['predicted_speeds']}")
+    for claim in assumed["by_construction"]:
+        print(f"  by construction of the simulator: {claim}")
+
+
+def scaled_cluster(overhead_s: float, speed_scale: float) -> Cluster:
+    """``CLUSTER`` with every type's per-step overhead ``overhead_s`` and its speed-up over the V100 scaled by
+    ``speed_scale`` (rate -> 1 + speed_scale × (rate − 1))."""
+    types = {name: GpuType(name, 1 + speed_scale * (gpu.rate - 1), overhead_s,
+                           f"swept: overhead {overhead_s * 1000:g} ms, speed-up x{speed_scale:g} of the assumed")
+             for name, gpu in CLUSTER.types.items()}
+    return Cluster(types, CLUSTER.counts)
+
+
+def speed_sensitivity(jobs: int, seeds: int, overheads_s: list[float], scales: list[float]) -> list[dict]:
+    """GPU-hours of each of ``SWEPT`` relative to (a) (−0.3: 30% fewer), mean over seeds, for every (per-step overhead, speed
+    scale) and load; the tuning result is checked equal under every policy at each point."""
+    rows = []
+    for load, interarrival in LOADS.items():
+        streams = [job_stream(jobs, seed=s, mean_interarrival_s=interarrival, steps_per_epoch=2000)
+                   for s in range(seeds)]
+        for overhead in overheads_s:
+            for scale in scales:
+                cluster = scaled_cluster(overhead, scale)
+                runs = {key: [simulate(cluster, stream, make()) for stream in streams]
+                        for key, make in {"a": TypeOblivious, **SWEPT}.items()}
+                for same_stream in zip(*runs.values()):
+                    if len({(tuple(r.best_configs), tuple(r.member_epochs)) for r in same_stream}) != 1:
+                        raise AssertionError(f"policies tuned differently at overhead {overhead} s, scale {scale}")
+                base = float(np.mean([r.gpu_hours for r in runs["a"]]))
+                rows.append({"load": load, "overhead_s": overhead, "speed_scale": scale,
+                             "rates": {name: g.rate for name, g in cluster.types.items()}, "gpu_hours_a": base,
+                             **{f"gpu_hours_vs_a_{key}": float(np.mean([r.gpu_hours for r in runs[key]])) / base - 1
+                                for key in SWEPT}})
+    return rows
+
+
+def print_speed_sensitivity(rows: list[dict]) -> None:
+    print("\nsensitivity to the assumed speeds: GPU-hours vs (a) of (b) earliest finish / (c) + elastic merge, "
+          "mean over seeds")
+    print(f"{'overhead ms':>11} {'speed scale':>11} {'rates ' + '/'.join(CLUSTER.types):>20}"
+          + "".join(f"{load:>18}" for load in LOADS))
+    points = sorted({(r["overhead_s"], r["speed_scale"]) for r in rows})
+    for overhead, scale in points:
+        at = {r["load"]: r for r in rows if (r["overhead_s"], r["speed_scale"]) == (overhead, scale)}
+        rates = "/".join(f"{v:.2f}" for v in next(iter(at.values()))["rates"].values())
+        print(f"{overhead * 1000:>11g} {scale:>11g} {rates:>20}" + "".join(
+            f"{at[load]['gpu_hours_vs_a_b']:>+9.0%} /{at[load]['gpu_hours_vs_a_c']:>+6.0%}" for load in LOADS))
 
 
 def sensitivity(jobs: int, seeds: int) -> list[dict]:

@@ -10,6 +10,7 @@ from hydro.energy.device import (
     NotSupported,
     PermissionDenied,
 )
+from hydro.energy.card_lock import CardBusy
 from hydro.energy.monitor import EnergyMonitor, Measurement
 from hydro.energy.detect import EnergyWarning, detect_devices
 from hydro.energy.power_limit import PowerLimitProfiler, PowerLimitWarning
@@ -17,6 +18,7 @@ from hydro.energy.simulated import SimulatedDevice, VirtualClock
 from hydro.energy.trial import TrialEnergy
 
 __all__ = [
+    "CardBusy",
     "DeviceNotFound",
     "EnergyDevice",
     "EnergyError",

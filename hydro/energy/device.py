@@ -29,9 +29,22 @@ class EnergyDevice(ABC):
 
     Units: power in W, energy in J. :meth:`energy_j` is a cumulative counter from an arbitrary origin;
     differences between two reads are the energy used in between.
+
+    ``kind`` names the hardware (``nvml:<GPU model>``, ``simulated:<model>``; by default the class name): stored
+    power-limit profiles are reused only on devices of the same kind. ``card_id`` identifies the physical card
+    for every process of the host (the NVML UUID; None where no other process can control this device).
+    ``share`` (0 < share <= 1) is the part of the card's energy this object counts (see
+    :class:`hydro.energy.share.CardShare`).
     """
 
     name: str
+    card_id: str | None = None
+    share: float = 1.0
+
+    @property
+    def kind(self) -> str:
+        """The hardware this device is, for keying stored profiles."""
+        return type(self).__name__
 
     @abstractmethod
     def energy_j(self) -> float:

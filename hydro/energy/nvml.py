@@ -107,9 +107,18 @@ class NVMLDevice(EnergyDevice):
         self.cuda_index = cuda_index
         with nvml_errors(pynvml, f"{name}: nvmlDeviceGetArchitecture"):
             arch = pynvml.nvmlDeviceGetArchitecture(handle)
+        with nvml_errors(pynvml, f"{name}: nvmlDeviceGetName"):
+            self.model = _text(pynvml.nvmlDeviceGetName(handle))
+        with nvml_errors(pynvml, f"{name}: nvmlDeviceGetUUID"):
+            self.card_id = _text(pynvml.nvmlDeviceGetUUID(handle))
         self._integrator: _PowerIntegrator | None = None
         if arch < pynvml.NVML_DEVICE_ARCH_VOLTA:
             self._integrator = _PowerIntegrator(self._power_w, sample_interval_s)
+
+    @property
+    def kind(self) -> str:
+        """``nvml:<model name>``, e.g. ``nvml:NVIDIA H100 80GB HBM3``."""
+        return f"nvml:{self.model}"
 
     @property
     def energy_source(self) -> str:
@@ -188,9 +197,14 @@ class NVMLDevice(EnergyDevice):
         self._clock_call("nvmlDeviceResetGpuLockedClocks", self._nvml.nvmlDeviceResetGpuLockedClocks)
 
 
+def _text(value: str | bytes) -> str:
+    """An NVML string (older nvidia-ml-py versions return bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _bare(uuid: str | bytes) -> str:
     """A UUID without its ``GPU-``/``MIG-`` prefix, lower case (NVML, CUDA and torch spell them differently)."""
-    uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    uuid = _text(uuid)
     for prefix in ("GPU-", "MIG-"):
         uuid = uuid.removeprefix(prefix)
     return uuid.lower()

@@ -8,6 +8,9 @@ Hydro never raises a limit above what it found: the ceiling is the lowest limit 
 (an administrator's cap stays in force) unless ``ceiling_w`` overrides it. The limit each device had at start
 is put back exactly, per device, on every exit path: ``close()``, leaving the ``with`` block (normally or by
 an exception), interpreter exit and SIGTERM/SIGINT (:mod:`hydro.energy.exit_guard`).
+
+A profiler controls its cards only while it holds their locks (:mod:`hydro.energy.card_lock`), from before it
+reads their limits until after it restores them: one process controls a card's limit at a time.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from hydro.energy import exit_guard
+from hydro.energy.card_lock import DEFAULT_WAIT_S, CardLocks
 from hydro.energy.device import EnergyDevice, EnergyError, NotSupported, PermissionDenied
 from hydro.energy.monitor import EnergyMonitor
 from schedulers.energy.power_limit import PowerLimitOptimizer
@@ -52,8 +56,11 @@ class PowerLimitProfiler:
     run), that limit is applied at once and nothing is profiled. ``on_chosen(limit, optimizer)``
     is called once profiling has picked a limit (e.g. to store the windows). ``ceiling_w`` (W) overrides
     the ceiling, by default the lowest limit the devices have now; ``max_power_w`` (W) is MaxPower of the cost
-    (default: the ceiling times the number of devices). ``saved_limits_w`` holds each device's
-    limit at start, which :meth:`restore` puts back.
+    (default: the ceiling times the devices' summed ``share``, e.g. 0.25 of it for a quarter of one card).
+    ``saved_limits_w`` holds each device's limit at start, which :meth:`restore` puts back.
+
+    Raises:
+        CardBusy: another process holds a card's lock after ``lock_wait_s`` seconds (nothing was changed).
     """
 
     def __init__(
@@ -69,29 +76,36 @@ class PowerLimitProfiler:
         clock: Callable[[], float] = time.monotonic,
         ceiling_w: float | None = None,
         max_power_w: float | None = None,
+        lock_wait_s: float = DEFAULT_WAIT_S,
     ) -> None:
         if not devices:
             raise ValueError("no devices to profile; pass at least one EnergyDevice.")
         if warmup_steps < 0 or window_steps < 1:
             raise ValueError(f"need warmup_steps >= 0 and window_steps >= 1, got {warmup_steps}, {window_steps}.")
         self.devices = list(devices)
-        self.saved_limits_w = [d.get_power_limit_w() for d in self.devices]
-        limits = candidate_limits(self.devices, step_w, power_ceiling_w(self.devices, ceiling_w))
-        if known_limit is not None and known_limit > limits[0]:
-            raise ValueError(f"hydro.energy: known_limit {known_limit} W is above the ceiling {limits[0]} W; "
-                             f"pick the stored limit among those <= the ceiling.")
-        max_power_w = max(limits) * len(self.devices) if max_power_w is None else max_power_w
-        self.optimizer = PowerLimitOptimizer(limits, eta=eta, max_power_w=max_power_w)
-        self._monitor = EnergyMonitor(self.devices, clock)
-        self._warmup, self._window = warmup_steps, window_steps
-        self._on_chosen = on_chosen
-        self._steps = 0
-        self._measuring: int | None = None
+        self._locks = CardLocks((d.card_id for d in self.devices if d.card_id is not None), wait_s=lock_wait_s)
         self._changed: set[int] = set()  # positions of the devices whose limit this profiler set
-        self.chosen_limit: int | None = None
-        self.controllable = True
-        exit_guard.guard(self.restore)
-        self._start(known_limit)
+        self._locks.acquire()  # before reading the limits: another process's limit is not this card's own
+        try:
+            self.saved_limits_w = [d.get_power_limit_w() for d in self.devices]
+            limits = candidate_limits(self.devices, step_w, power_ceiling_w(self.devices, ceiling_w))
+            if known_limit is not None and known_limit > limits[0]:
+                raise ValueError(f"hydro.energy: known_limit {known_limit} W is above the ceiling {limits[0]} W; "
+                                 f"pick the stored limit among those <= the ceiling.")
+            max_power_w = max(limits) * sum(d.share for d in self.devices) if max_power_w is None else max_power_w
+            self.optimizer = PowerLimitOptimizer(limits, eta=eta, max_power_w=max_power_w)
+            self._monitor = EnergyMonitor(self.devices, clock)
+            self._warmup, self._window = warmup_steps, window_steps
+            self._on_chosen = on_chosen
+            self._steps = 0
+            self._measuring: int | None = None
+            self.chosen_limit: int | None = None
+            self.controllable = True
+            exit_guard.guard(self.restore)
+            self._start(known_limit)
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------ control
     def _set_all(self, watts: float) -> bool:
@@ -106,6 +120,7 @@ class PowerLimitProfiler:
                               f"power-limit tuning is off for this run, every device keeps the limit it had, and "
                               f"energy is still measured.", PowerLimitWarning, stacklevel=3)
                 self.restore()
+                self._locks.release()
                 return False
             self._changed.add(i)
         return True
@@ -170,9 +185,10 @@ class PowerLimitProfiler:
                               stacklevel=2)
 
     def close(self) -> None:
-        """Restore the limits found at start and drop the exit hooks."""
+        """Restore the limits found at start, drop the exit hooks and let go of the cards' locks."""
         self.restore()
         exit_guard.release(self.restore)
+        self._locks.release()
 
     def __enter__(self) -> PowerLimitProfiler:
         return self

@@ -6,13 +6,18 @@ from hydro.energy.device import EnergyDevice
 
 
 class CardShare(EnergyDevice):
-    """``share`` (0 < share <= 1) of ``card``'s energy; everything else (power limits, clocks, synchronising) is
-    the card's own."""
+    """``share`` (0 < share <= 1) of ``card``'s energy; everything else (kind, power limits, clocks,
+    synchronising) is the card's own. The cost's MaxPower of a share is that share of the card's
+    (:class:`hydro.energy.trial.TrialEnergy`), so a share's cost is the share of the card's cost."""
 
     def __init__(self, card: EnergyDevice, share: float) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"hydro.energy: a trial's share of a GPU must be in (0, 1], got {share}")
-        self.card, self.share, self.name = card, share, card.name
+        self.card, self.share, self.name, self.card_id = card, share, card.name, card.card_id
+
+    @property
+    def kind(self) -> str:
+        return self.card.kind
 
     def energy_j(self) -> float:
         return self.share * self.card.energy_j()

@@ -38,7 +38,8 @@ class StepProfile:
 class SimulatedDevice(EnergyDevice):
     """A GPU whose step time and power follow ``profile`` (power limit W -> StepProfile).
 
-    ``allow_set=False`` simulates a process without the privilege to set power limits.
+    ``allow_set=False`` simulates a process without the privilege to set power limits; ``model`` names the
+    simulated hardware (its :attr:`kind` is ``simulated:<model>``, never a real device's).
     """
 
     def __init__(
@@ -48,10 +49,11 @@ class SimulatedDevice(EnergyDevice):
         clock: VirtualClock,
         *,
         allow_set: bool = True,
+        model: str = "trace",
     ) -> None:
         if not profile:
             raise ValueError(f"{name}: the power profile is empty; give at least one power limit.")
-        self.name = name
+        self.name, self.model = name, model
         self.profile = dict(profile)
         self.clock = clock
         self.allow_set = allow_set
@@ -66,6 +68,10 @@ class SimulatedDevice(EnergyDevice):
         """From a ``summary_power_*.csv`` slice: limit W -> (seconds per epoch, average W)."""
         profile = {int(k): StepProfile(t / steps_per_epoch, p) for k, (t, p) in per_epoch.items()}
         return cls(name, profile, clock, **kw)
+
+    @property
+    def kind(self) -> str:
+        return f"simulated:{self.model}"
 
     def step(self, n: int = 1) -> None:
         """Run ``n`` training steps at the current limit: the clock advances, energy accumulates."""

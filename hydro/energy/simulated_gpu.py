@@ -23,4 +23,4 @@ def step_profile(batch_size: int, members: int) -> dict[int, StepProfile]:
 
 def simulated_trial_gpu(batch_size: int, members: int, clock: VirtualClock, name: str = "gpu0") -> SimulatedDevice:
     """The stand-in GPU for a fused trial of ``members`` members at ``batch_size``; advance it with ``step()``."""
-    return SimulatedDevice(name, step_profile(batch_size, members), clock)
+    return SimulatedDevice(name, step_profile(batch_size, members), clock, model="analytic-250W")

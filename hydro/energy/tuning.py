@@ -1,8 +1,9 @@
 """The energy settings of a tuning run (``hydro tune --energy``) and the observer each of its trials attaches.
 
-Power-limit profiles are stored per (``job``/F<members>, batch size): a fused trial of F members at batch size b
-profiles once, and every later trial with the same (F, b) — in this run or a later one sharing ``store_path`` —
-applies the stored choice.
+Power-limit profiles are stored per (``job``/F<members>, device, batch size): a fused trial of F members at batch
+size b profiles once on its hardware, and every later trial with the same (F, b) on the same hardware — in this
+run or a later one sharing ``store_path`` — applies the stored choice; a simulated device, another GPU model or
+another share of a card profiles anew (:func:`hydro.energy.trial.device_key`).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ class EnergySettings:
         object.__setattr__(self, "devices", DeviceSource(self.devices))
 
     def profile_key(self, members: int) -> str:
-        """The store's model key of a fused trial of ``members`` members."""
+        """The store's model key of a fused trial of ``members`` members (the device is added by the trial)."""
         return f"{self.job}/F{members}"
 
 

@@ -1,7 +1,11 @@
 """Persistent energy state in one SQLite file: power-limit profiles and bandit observations.
 
-Profiles are the raw profiling windows per (model, batch size), so the limit can be re-picked for
-any η. Observations are per job name, in order, so a :class:`BatchSizeBandit` is restored by replay.
+Profiles are the raw profiling windows per :class:`ProfileKey` — (model, device, batch size), the device being
+the hardware measured (e.g. ``1x nvml:NVIDIA H100 80GB HBM3``, ``1x simulated:analytic-250W``) — so the limit can
+be re-picked for any η, and a profile is reused only on the same hardware (never a simulated profile by a real
+run, never one GPU model's by another). Profiles of stores written before the device was recorded (table
+``profiles``) are left unread: their hardware is unknown, so they are profiled again per device.
+Observations are per job name, in order, so a :class:`BatchSizeBandit` is restored by replay.
 Safe for several processes (trials) at once: SQLite locking with a busy timeout.
 
 A profiling claim names its owner (host, pid, start token) and holds a lease (s, on the store's wall clock)
@@ -11,6 +15,7 @@ host no longer exists.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sqlite3
@@ -24,14 +29,16 @@ from pathlib import Path
 from schedulers.energy.batch_size import Observation
 from schedulers.energy.power_limit import LimitMeasurement
 
+logger = logging.getLogger(__name__)
+
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS profiles (
-    model TEXT NOT NULL, batch_size INTEGER NOT NULL, power_limit_w INTEGER NOT NULL,
+CREATE TABLE IF NOT EXISTS device_profiles (
+    model TEXT NOT NULL, device TEXT NOT NULL, batch_size INTEGER NOT NULL, power_limit_w INTEGER NOT NULL,
     time_s REAL NOT NULL, energy_j REAL NOT NULL,
-    PRIMARY KEY (model, batch_size, power_limit_w));
-CREATE TABLE IF NOT EXISTS profile_leases (
-    model TEXT NOT NULL, batch_size INTEGER NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
-    token TEXT NOT NULL, expires_s REAL NOT NULL, PRIMARY KEY (model, batch_size));
+    PRIMARY KEY (model, device, batch_size, power_limit_w));
+CREATE TABLE IF NOT EXISTS device_profile_leases (
+    model TEXT NOT NULL, device TEXT NOT NULL, batch_size INTEGER NOT NULL, host TEXT NOT NULL,
+    pid INTEGER NOT NULL, token TEXT NOT NULL, expires_s REAL NOT NULL, PRIMARY KEY (model, device, batch_size));
 CREATE TABLE IF NOT EXISTS observations (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, batch_size INTEGER NOT NULL,
     cost REAL NOT NULL, converged INTEGER NOT NULL, trial_id TEXT);
@@ -39,6 +46,17 @@ CREATE TABLE IF NOT EXISTS observations (
 
 
 DEFAULT_LEASE_S = 120.0
+_KEY = "model = ? AND device = ? AND batch_size = ?"
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What a power-limit profile was measured for: the workload ``model``, the ``device`` (the hardware
+    measured, see :func:`hydro.energy.trial.device_key`) and the ``batch_size``."""
+
+    model: str
+    device: str
+    batch_size: int
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,7 @@ class EnergyStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.executescript(_SCHEMA)
+        self._warn_unkeyed_profiles()
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -88,65 +107,70 @@ class EnergyStore:
             db.close()
 
     # ------------------------------------------------------------ profiles
-    def claim_profile(self, model: str, batch_size: int, owner: ClaimOwner, lease_s: float = DEFAULT_LEASE_S) -> bool:
-        """Reserve profiling of (model, batch size) for ``owner`` for ``lease_s`` seconds. False if it is
-        profiled already or another live owner's lease has not run out; an expired claim, or one whose owner
-        process on this host is gone, is taken over."""
+    def claim_profile(self, key: ProfileKey, owner: ClaimOwner, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        """Reserve profiling of ``key`` for ``owner`` for ``lease_s`` seconds. False if it is profiled already or
+        another live owner's lease has not run out; an expired claim, or one whose owner process on this host is
+        gone, is taken over."""
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")  # read and write the claim in one locked transaction
-            if db.execute("SELECT 1 FROM profiles WHERE model = ? AND batch_size = ? LIMIT 1",
-                          (model, batch_size)).fetchone():
+            if db.execute(f"SELECT 1 FROM device_profiles WHERE {_KEY} LIMIT 1", _args(key)).fetchone():
                 return False
-            row = db.execute("SELECT host, pid, token, expires_s FROM profile_leases WHERE model = ? AND batch_size = ?",
-                             (model, batch_size)).fetchone()
+            row = db.execute(f"SELECT host, pid, token, expires_s FROM device_profile_leases WHERE {_KEY}",
+                             _args(key)).fetchone()
             now = self.clock()
             if row is not None and row[2] != owner.token and row[3] > now and not ClaimOwner(*row[:3]).gone():
                 return False
-            db.execute("INSERT OR REPLACE INTO profile_leases VALUES (?, ?, ?, ?, ?, ?)",
-                       (model, batch_size, owner.host, owner.pid, owner.token, now + lease_s))
+            db.execute("INSERT OR REPLACE INTO device_profile_leases VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (*_args(key), owner.host, owner.pid, owner.token, now + lease_s))
             return True
 
-    def renew_claim(self, model: str, batch_size: int, owner: ClaimOwner, lease_s: float = DEFAULT_LEASE_S) -> bool:
+    def renew_claim(self, key: ProfileKey, owner: ClaimOwner, lease_s: float = DEFAULT_LEASE_S) -> bool:
         """Extend ``owner``'s lease to ``lease_s`` from now; False if the claim is no longer its own."""
         with self._connect() as db:
-            cur = db.execute("UPDATE profile_leases SET expires_s = ? WHERE model = ? AND batch_size = ? AND token = ?",
-                             (self.clock() + lease_s, model, batch_size, owner.token))
+            cur = db.execute(f"UPDATE device_profile_leases SET expires_s = ? WHERE {_KEY} AND token = ?",
+                             (self.clock() + lease_s, *_args(key), owner.token))
             return cur.rowcount == 1
 
-    def claim_holder(self, model: str, batch_size: int) -> tuple[ClaimOwner, float] | None:
-        """The owner of the claim on (model, batch size) and when its lease ends (store clock, s), if any."""
+    def claim_holder(self, key: ProfileKey) -> tuple[ClaimOwner, float] | None:
+        """The owner of the claim on ``key`` and when its lease ends (store clock, s), if any."""
         with self._connect() as db:
-            row = db.execute("SELECT host, pid, token, expires_s FROM profile_leases WHERE model = ? AND batch_size = ?",
-                             (model, batch_size)).fetchone()
+            row = db.execute(f"SELECT host, pid, token, expires_s FROM device_profile_leases WHERE {_KEY}",
+                             _args(key)).fetchone()
         return None if row is None else (ClaimOwner(*row[:3]), row[3])
 
-    def release_claim(self, model: str, batch_size: int, owner: ClaimOwner) -> None:
+    def release_claim(self, key: ProfileKey, owner: ClaimOwner) -> None:
         """Give up ``owner``'s claim (profiling finished or was interrupted); another owner's claim stays."""
         with self._connect() as db:
-            db.execute("DELETE FROM profile_leases WHERE model = ? AND batch_size = ? AND token = ?",
-                       (model, batch_size, owner.token))
+            db.execute(f"DELETE FROM device_profile_leases WHERE {_KEY} AND token = ?", (*_args(key), owner.token))
 
-    def save_profile(self, model: str, batch_size: int, windows: Iterable[LimitMeasurement]) -> bool:
-        """Store the profiling windows of (model, batch size) unless a profile is stored already (the first
-        complete profile wins, whole); True if these windows were stored."""
-        rows = [(model, batch_size, w.power_limit_w, w.time_s, w.energy_j) for w in windows]
+    def save_profile(self, key: ProfileKey, windows: Iterable[LimitMeasurement]) -> bool:
+        """Store the profiling windows of ``key`` unless a profile is stored already (the first complete profile
+        wins, whole); True if these windows were stored."""
+        rows = [(*_args(key), w.power_limit_w, w.time_s, w.energy_j) for w in windows]
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
-            if db.execute("SELECT 1 FROM profiles WHERE model = ? AND batch_size = ? LIMIT 1",
-                          (model, batch_size)).fetchone():
+            if db.execute(f"SELECT 1 FROM device_profiles WHERE {_KEY} LIMIT 1", _args(key)).fetchone():
                 return False
-            db.executemany("INSERT INTO profiles VALUES (?, ?, ?, ?, ?)", rows)
+            db.executemany("INSERT INTO device_profiles VALUES (?, ?, ?, ?, ?, ?)", rows)
             return True
 
-    def load_profile(self, model: str, batch_size: int) -> list[LimitMeasurement]:
-        """Stored windows of (model, batch size), highest limit first; empty if never profiled."""
+    def load_profile(self, key: ProfileKey) -> list[LimitMeasurement]:
+        """Stored windows of ``key``, highest limit first; empty if never profiled on that device."""
         with self._connect() as db:
-            rows = db.execute(
-                "SELECT power_limit_w, time_s, energy_j FROM profiles WHERE model = ? AND batch_size = ? "
-                "ORDER BY power_limit_w DESC",
-                (model, batch_size),
-            ).fetchall()
+            rows = db.execute(f"SELECT power_limit_w, time_s, energy_j FROM device_profiles WHERE {_KEY} "
+                              "ORDER BY power_limit_w DESC", _args(key)).fetchall()
         return [LimitMeasurement(*r) for r in rows]
+
+    def _warn_unkeyed_profiles(self) -> None:
+        """Log, once per store opened, that profiles stored without their device (an older store) are not reused."""
+        with self._connect() as db:
+            if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'profiles'").fetchone():
+                return
+            count = db.execute("SELECT COUNT(DISTINCT model || '/' || batch_size) FROM profiles").fetchone()[0]
+        if count:
+            logger.warning("energy store %s: %d power-limit profiles were stored without the device they were "
+                           "measured on; they are not reused (each is profiled again on its device)", self.path,
+                           count)
 
     # ------------------------------------------------------------ observations
     def add_observation(self, job: str, obs: Observation, trial_id: str | None = None) -> None:
@@ -164,3 +188,7 @@ class EnergyStore:
                 "SELECT batch_size, cost, converged FROM observations WHERE job = ? ORDER BY id", (job,)
             ).fetchall()
         return [Observation(b, c, bool(v)) for b, c, v in rows]
+
+
+def _args(key: ProfileKey) -> tuple[str, str, int]:
+    return key.model, key.device, int(key.batch_size)

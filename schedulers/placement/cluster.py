@@ -3,21 +3,28 @@
 A trial's step on GPU type ``g`` takes ``overhead_s + work / rate`` seconds (the step-time model's form:
 per-call overhead that fusion amortises plus work at the device's rate): ``work`` is in seconds of the
 reference GPU (rate 1), so small surrogates, dominated by the overhead, gain little from a faster GPU and a
-full-size target gains the whole ratio.
+full-size target gains the whole ratio. Every type records where its numbers come from (``source``): the types
+defined here are assumed constants, not measurements or predictions.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+
+ASSUMED_OVERHEAD_S = 0.008  # an assumed host-side per-step overhead (s), the same on every type; never measured
 
 
 @dataclass(frozen=True)
 class GpuType:
-    """``rate``: compute throughput relative to the reference GPU; ``overhead_s``: per-step overhead."""
+    """``rate``: compute throughput relative to the reference GPU; ``overhead_s``: per-step overhead (s);
+    ``source``: where ``rate`` and ``overhead_s`` come from (``assumed: ...``, ``measured: ...``, ``predicted:
+    ...``)."""
 
     name: str
     rate: float
-    overhead_s: float = 0.008
+    overhead_s: float = ASSUMED_OVERHEAD_S
+    source: str = "assumed"
 
     def step_seconds(self, work: float) -> float:
         """Seconds of one step of ``work`` reference-GPU seconds."""
@@ -26,7 +33,10 @@ class GpuType:
 
 # Relative training throughput, round numbers in line with NVIDIA's published training results (A100 about 2.2x
 # a V100, H100 about 1.6x an A100 on ResNet-50/BERT-class models); the same host-side overhead on each.
-V100, A100, H100 = GpuType("V100", 1.0), GpuType("A100", 2.2), GpuType("H100", 3.5)
+_PUBLISHED = "assumed: round relative training throughput in line with NVIDIA's published results; overhead assumed"
+V100 = GpuType("V100", 1.0, source=_PUBLISHED)
+A100 = GpuType("A100", 2.2, source=_PUBLISHED)
+H100 = GpuType("H100", 3.5, source=_PUBLISHED)
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,10 @@ class Cluster:
     @classmethod
     def of(cls, *counts: tuple[GpuType, int]) -> Cluster:
         return cls({g.name: g for g, _ in counts}, {g.name: n for g, n in counts})
+
+    def assumptions(self) -> dict[str, dict]:
+        """Per type: its count, ``rate``, ``overhead_s`` and their ``source`` (for a result's record)."""
+        return {name: {"count": self.counts[name], **asdict(self.types[name])} for name in self.counts}
 
     def gpus(self) -> list[str]:
         """One entry per GPU: its type name (in the order the types were given)."""

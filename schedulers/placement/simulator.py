@@ -3,7 +3,9 @@
 A job tunes ``configs`` configurations as fused µP surrogates (``fusion`` members per trial, one GPU each)
 with synchronous successive halving: at each rung epoch only the best ``1/reduction`` of the job's
 configurations go on (their order is the job's trace: a seeded quality per configuration). The stopping
-decisions depend on the trace alone, so every policy reaches the same tuning result; then the best
+decisions depend on the trace alone, so every policy reaches the same tuning result *by construction* (no
+training happens here; that placement and merging keep a real run's results is shown by the trials' exactness
+tests, not by this simulator); then the best
 configuration trains at full size (the *target*, one GPU). A trial's epoch takes ``steps_per_epoch`` steps of
 ``GpuType.step_seconds(members × work per member)``; stopped members leave the trial (it shrinks, keeping its
 GPU). With an elastic policy, a trial that reaches a rung hands its survivors to the job's rung pool and
@@ -17,7 +19,8 @@ non-elastic one to the surrogates' last epoch (an upper bound: its members may a
 use the current members' step time, optionally missed by a random factor per trial (``prediction_error``).
 
 Metrics: makespan (last job done), GPU-hours (GPU time held by trials), mean queueing delay (trial enqueued ->
-started) and mean job completion time (arrival -> target done).
+started) and mean job completion time (arrival -> target done). :func:`assumptions` lists every constant a
+simulation assumes, for the record of its results.
 """
 from __future__ import annotations
 
@@ -103,6 +106,30 @@ class SimulationResult:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "busy"}
+
+
+def assumptions(cluster: Cluster, jobs: Sequence[TuningJob], merge_s: float = 30.0,
+                prediction_error: float = 0.0) -> dict:
+    """Every constant :func:`simulate` assumes for ``jobs`` on ``cluster``: the GPU types (rate, per-step
+    overhead, their source), the step-time form, the jobs' shape (each field's value, or its distinct values), the
+    merge cost
+    and the prediction error, and what holds by construction."""
+    fields = ("configs", "fusion", "surrogate_work", "target_work", "steps_per_epoch", "rungs", "reduction",
+              "target_epochs")
+    shape = {f: sorted({getattr(j, f) for j in jobs}) for f in fields}
+    shape = {f: values[0] if len(values) == 1 else values for f, values in shape.items()}
+    return {
+        "gpu_types": cluster.assumptions(),
+        "step_seconds": "overhead_s + work / rate (work in reference-GPU seconds; linear, no memory limits)",
+        "jobs": {"count": len(jobs), "arrivals": "Poisson (seeded)", **shape},
+        "merge_s": merge_s,
+        "prediction_error_sigma": prediction_error,
+        "by_construction": [
+            "the same tuning result (best configuration, member-epochs) under every policy: stopping follows each "
+            "job's seeded trace, not training",
+            "a trial runs at its type's rate whatever shares the node (no interference, no data loading)",
+        ],
+    }
 
 
 def simulate(cluster: Cluster, jobs: Sequence[TuningJob], policy: PlacementPolicy, name: str = "",

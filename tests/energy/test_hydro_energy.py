@@ -7,7 +7,7 @@ import pytest
 
 from hydro.energy.tuning import DeviceSource, EnergySettings
 from hydro.tune.run import fit
-from schedulers.energy.store import EnergyStore
+from schedulers.energy.store import EnergyStore, ProfileKey
 from tests.tune.workload import SPACE, spec
 
 SIZES = (8, 32, 64)  # 8 costs ~3.3x as much per member-epoch as 32 on the simulated GPU: stopped at beta = 2
@@ -49,7 +49,7 @@ def test_hydro_trials_are_energy_tuned_and_reuse_the_profile(ray_cluster, tmp_pa
         assert m["power_profiled_here"] and m["power_limit_w"] is not None  # each (F=2, b) profiled once
         assert m["cost"] == pytest.approx(m["member_epoch_cost"] * 2 * m["epoch"])
     limits = {b: m["power_limit_w"] for b, m in by_size.items()}
-    assert {(w.power_limit_w) for w in store.load_profile("digits/F2", 32)} == {100, 125, 150, 175, 200, 225, 250}
+    assert {(w.power_limit_w) for w in store.load_profile(ProfileKey("digits/F2", "1x simulated:analytic-250W", 32))} == {100, 125, 150, 175, 200, 225, 250}
 
     second = _run(tmp_path, "second", 4)  # a later run of the same job: bandit restored, profiles reused
     assert store.observations("digits")[:3] == history and len(store.observations("digits")) == 5

@@ -19,11 +19,12 @@ from hydro.energy import exit_guard
 from hydro.energy.monitor import EnergyMonitor
 from hydro.energy.nvml import nvml_devices
 from hydro.energy.power_limit import PowerLimitProfiler, PowerLimitWarning
-from schedulers.energy.store import ClaimOwner, EnergyStore
+from schedulers.energy.store import ClaimOwner, EnergyStore, ProfileKey
 from tests.energy.fake_nvml import FakeGPU, make_fake_pynvml
 
 VOLTA = real.NVML_DEVICE_ARCH_VOLTA
 REPO = Path(__file__).resolve().parents[2]
+KEY = ProfileKey("m", "1x nvml:NVIDIA H100 80GB HBM3", 32)
 
 
 def _gpus(monkeypatch, *gpus: FakeGPU):
@@ -179,34 +180,35 @@ def test_expired_claim_of_a_killed_owner_is_taken_over(tmp_path):
     now = [1000.0]
     store = EnergyStore(tmp_path / "s.db", clock=lambda: now[0])
     first, second = ClaimOwner("h1", 11, "t1"), ClaimOwner("h2", 22, "t2")
-    assert store.claim_profile("m", 32, first, lease_s=60)
-    assert store.claim_holder("m", 32) == (first, 1060.0)
-    assert not store.claim_profile("m", 32, second, lease_s=60)
+    assert store.claim_profile(KEY, first, lease_s=60)
+    assert store.claim_holder(KEY) == (first, 1060.0)
+    assert not store.claim_profile(KEY, second, lease_s=60)
     now[0] = 1050.0
-    assert store.renew_claim("m", 32, first, lease_s=60)  # alive: lease now ends at 1110
+    assert store.renew_claim(KEY, first, lease_s=60)  # alive: lease now ends at 1110
     now[0] = 1100.0
-    assert not store.claim_profile("m", 32, second, lease_s=60)
+    assert not store.claim_profile(KEY, second, lease_s=60)
     now[0] = 1111.0  # the first owner stopped renewing (SIGKILLed)
-    assert store.claim_profile("m", 32, second, lease_s=60)
-    assert store.claim_holder("m", 32)[0] == second
-    assert not store.renew_claim("m", 32, first)  # the old owner learns it lost the claim
-    store.release_claim("m", 32, first)  # and cannot release someone else's claim
-    assert store.claim_holder("m", 32)[0] == second
+    assert store.claim_profile(KEY, second, lease_s=60)
+    assert store.claim_holder(KEY)[0] == second
+    assert not store.renew_claim(KEY, first)  # the old owner learns it lost the claim
+    store.release_claim(KEY, first)  # and cannot release someone else's claim
+    assert store.claim_holder(KEY)[0] == second
 
 
 def test_sigkilled_process_claim_is_taken_over(tmp_path):
     """On the same host at once (the owner's pid is gone); from another host once the lease has run out."""
     db = tmp_path / "s.db"
     code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r})\n"
-            "from schedulers.energy.store import ClaimOwner, EnergyStore\n"
-            f"print(EnergyStore({str(db)!r}).claim_profile('m', 32, ClaimOwner.this_process(), lease_s=30), flush=True)\n"
+            "from schedulers.energy.store import ClaimOwner, EnergyStore, ProfileKey\n"
+            f"KEY = ProfileKey({KEY.model!r}, {KEY.device!r}, {KEY.batch_size})\n"
+            f"print(EnergyStore({str(db)!r}).claim_profile(KEY, ClaimOwner.this_process(), lease_s=30), flush=True)\n"
             "time.sleep(60)\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "True"
-        holder, _ = EnergyStore(db).claim_holder("m", 32)
+        holder, _ = EnergyStore(db).claim_holder(KEY)
         assert holder.pid == child.pid and holder.host == socket.gethostname() and not holder.gone()
-        assert not EnergyStore(db).claim_profile("m", 32, ClaimOwner.this_process())  # alive, within its lease
+        assert not EnergyStore(db).claim_profile(KEY, ClaimOwner.this_process())  # alive, within its lease
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
     finally:
@@ -215,10 +217,10 @@ def test_sigkilled_process_claim_is_taken_over(tmp_path):
     remote = ClaimOwner("other-host", holder.pid, holder.token)  # the same claim, seen as another host's
     store = EnergyStore(db)
     with store._connect() as conn:
-        conn.execute("UPDATE profile_leases SET host = ?", (remote.host,))
-    assert not store.claim_profile("m", 32, ClaimOwner.this_process())  # cannot tell: waits for the lease
+        conn.execute("UPDATE device_profile_leases SET host = ?", (remote.host,))
+    assert not store.claim_profile(KEY, ClaimOwner.this_process())  # cannot tell: waits for the lease
     later = EnergyStore(db, clock=lambda: time.time() + 31)
-    assert later.claim_profile("m", 32, ClaimOwner.this_process())  # taken over after it
+    assert later.claim_profile(KEY, ClaimOwner.this_process())  # taken over after it
     with store._connect() as conn:
-        conn.execute("UPDATE profile_leases SET host = ?, pid = ?, token = ?", (socket.gethostname(), child.pid, "t"))
-    assert store.claim_profile("m", 32, ClaimOwner.this_process())  # a gone local owner: at once
+        conn.execute("UPDATE device_profile_leases SET host = ?, pid = ?, token = ?", (socket.gethostname(), child.pid, "t"))
+    assert store.claim_profile(KEY, ClaimOwner.this_process())  # a gone local owner: at once

@@ -12,8 +12,9 @@ from hydro.energy.power_limit import PowerLimitWarning
 from hydro.energy.simulated import StepProfile
 from hydro.energy.trial import TrialEnergy
 from schedulers.energy.batch_size import Observation
-from schedulers.energy.store import ClaimOwner, EnergyStore
+from schedulers.energy.store import ClaimOwner, EnergyStore, ProfileKey
 
+KEY = ProfileKey("m", "1x simulated:trace", 32)  # what TrialEnergy keys the profile of model "m" on PROFILE's GPU
 PROFILE = {
     250: StepProfile(1.0, 240.0),
     225: StepProfile(1.05, 220.0),
@@ -39,7 +40,7 @@ def test_first_run_profiles_later_runs_reuse(tmp_path):
     store = EnergyStore(tmp_path / "state.db")
     dev, m1, profiled1 = _run(store, 30)
     assert profiled1 and dev.set_calls[:5] == [250, 225, 200, 175, 150]
-    assert [w.power_limit_w for w in store.load_profile("m", 32)] == [250, 225, 200, 175, 150]
+    assert [w.power_limit_w for w in store.load_profile(KEY)] == [250, 225, 200, 175, 150]
     chosen = m1["power_limit_w"]
     assert chosen == 200  # 1.1 s x (0.5 x 185 + 0.5 x 250) W is the cheapest step
     dev2, m2, profiled2 = _run(EnergyStore(tmp_path / "state.db"), 20)
@@ -53,44 +54,44 @@ def test_first_run_profiles_later_runs_reuse(tmp_path):
 def test_concurrent_run_waits_for_claimed_profile(tmp_path):
     store = EnergyStore(tmp_path / "state.db")
     other = ClaimOwner("elsewhere", 1, "token")
-    assert store.claim_profile("m", 32, other)  # another trial is profiling
+    assert store.claim_profile(KEY, other)  # another trial is profiling
     dev, m, profiled = _run(store, 5)
     assert not profiled and dev.set_calls == [] and m["power_limit_w"] is None
-    assert store.claim_holder("m", 32)[0] == other
+    assert store.claim_holder(KEY)[0] == other
 
 
 def test_expired_claim_is_taken_over_and_the_lease_renewed_while_profiling(tmp_path):
     clock = VirtualClock(100.0)
     store = EnergyStore(tmp_path / "state.db", clock=clock.now)
-    assert store.claim_profile("m", 32, ClaimOwner("dead-host", 1, "t"), lease_s=10)  # then SIGKILLed
+    assert store.claim_profile(KEY, ClaimOwner("dead-host", 1, "t"), lease_s=10)  # then SIGKILLed
     dev = SimulatedDevice("gpu0", PROFILE, clock)
     with TrialEnergy([dev], store=store, model="m", batch_size=32, clock=clock.now, warmup_steps=1, window_steps=2,
                      poll_steps=5, lease_s=6) as e:
         for _ in range(5):  # 5 s: the dead owner's lease runs until 110
             dev.step()
             e.on_step()
-        assert e.profiler is None and store.claim_holder("m", 32)[0].host == "dead-host"
+        assert e.profiler is None and store.claim_holder(KEY)[0].host == "dead-host"
         for _ in range(5):  # at 110 s the next poll takes the claim over
             dev.step()
             e.on_step()
-        assert e.profiler is not None and store.claim_holder("m", 32)[0] == e.owner
+        assert e.profiler is not None and store.claim_holder(KEY)[0] == e.owner
         for _ in range(10):  # 10 s > the 6 s lease: renewed as it profiles
             dev.step()
             e.on_step()
-            assert store.claim_holder("m", 32)[1] > clock.now()
+            assert store.claim_holder(KEY)[1] > clock.now()
         for _ in range(10):
             dev.step()
             e.on_step()
         assert e.profiled_here and e.power_limit_w == 200
-    assert store.claim_holder("m", 32) is None
+    assert store.claim_holder(KEY) is None
 
 
 def test_interrupted_profiling_releases_claim(tmp_path):
     store = EnergyStore(tmp_path / "state.db")
     _run(store, 2)  # stops before profiling finishes
-    assert store.load_profile("m", 32) == []
-    assert store.claim_holder("m", 32) is None  # the claim was released
-    assert store.claim_profile("m", 32, ClaimOwner.this_process())
+    assert store.load_profile(KEY) == []
+    assert store.claim_holder(KEY) is None  # the claim was released
+    assert store.claim_profile(KEY, ClaimOwner.this_process())
 
 
 def test_no_permission_measures_and_leaves_nothing_set(tmp_path):
@@ -98,7 +99,7 @@ def test_no_permission_measures_and_leaves_nothing_set(tmp_path):
     with pytest.warns(PowerLimitWarning):
         dev, m, profiled = _run(store, 10, allow_set=False)
     assert dev.set_calls == [] and m["energy_j"] == pytest.approx(10 * 240.0) and not profiled
-    assert store.claim_holder("m", 32) is None
+    assert store.claim_holder(KEY) is None
 
 
 def test_cost_needs_max_power_without_controllable_device(tmp_path):

@@ -145,3 +145,35 @@ def test_cluster_and_simulation_refuse_impossible_input():
     with pytest.raises(ValueError, match="prediction_error"):
         simulate(Cluster.of((V100, 1)), [one_job()], EarliestFinish(), prediction_error=-0.1)
     assert GpuType("X", 2.0, 0.01).step_seconds(1.0) == pytest.approx(0.51)
+
+
+def test_the_benchmark_records_its_assumed_constants_and_the_gains_sensitivity_to_them(tmp_path, capsys):
+    """``benchmarks/cluster_placement.py`` at tiny sizes: its JSON records every assumed speed and overhead and
+    what holds by construction, and its speed sweep covers every (overhead, speed scale) and load; at the assumed
+    constants the sweep reproduces the main table's gains."""
+    import json
+
+    from benchmarks.cluster_placement import LOADS, main
+
+    main(["--jobs", "3", "--seeds", "1", "--overheads-ms", "0", "8", "--speed-scales", "0", "1",
+          "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "assumed constants" in printed and "sensitivity to the assumed speeds" in printed
+    record = json.loads((tmp_path / "cluster_placement.json").read_text())
+    assumed = record["assumptions"]
+    assert {name: (g["count"], g["rate"], g["overhead_s"]) for name, g in assumed["gpu_types"].items()} == {
+        "H100": (2, 3.5, 0.008), "A100": (2, 2.2, 0.008), "V100": (4, 1.0, 0.008)}
+    assert all(g["source"].startswith("assumed") for g in assumed["gpu_types"].values())
+    assert assumed["jobs"]["steps_per_epoch"] == 2000 and assumed["merge_s"] == 30.0
+    assert assumed["predicted_speeds"].startswith("none")
+    assert any("same tuning result" in claim for claim in assumed["by_construction"])
+    sweep = record["speed_sensitivity"]
+    assert sorted((r["load"], r["overhead_s"], r["speed_scale"]) for r in sweep) == sorted(
+        (load, o, s) for load in LOADS for o in (0.0, 0.008) for s in (0.0, 1.0))
+    equal = [r for r in sweep if r["speed_scale"] == 0.0]
+    assert all(r["rates"] == {"H100": 1.0, "A100": 1.0, "V100": 1.0} for r in equal)
+    for load in LOADS:
+        at_assumed = next(r for r in sweep if r["load"] == load and (r["overhead_s"], r["speed_scale"]) == (0.008, 1))
+        table = {r["policy"][:3]: r for r in record["table"] if r["load"] == load}
+        assert at_assumed["gpu_hours_vs_a_b"] == pytest.approx(table["(b)"]["gpu_hours_vs_a"])
+        assert at_assumed["gpu_hours_vs_a_c"] == pytest.approx(table["(c)"]["gpu_hours_vs_a"])
