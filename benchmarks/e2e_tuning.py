@@ -57,7 +57,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from benchmarks.transfer_fidelity import residual_mlp
 from hydro.cli import at_least
-from hydro.tune.cli import worker_pythonpath
+from hydro.tune.run import worker_pythonpath
 from hydro.energy.device import EnergyError
 from hydro.energy.nvml import nvml_devices
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
