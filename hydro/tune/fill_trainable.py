@@ -146,7 +146,7 @@ class _Proxy:
             handed = where["evicted"] if where["evicted"] is not None else _quietly(unit.host.detach_fill)
             self._moved(unit, handed)
         elif where is not None and where["slot"] != unit.slot["slot"]:  # promoted to a dedicated worker
-            moved = ray.get(unit.host.detach_fill.remote())
+            moved = _quietly(unit.host.detach_fill)  # None: its host died meanwhile; it resumes from its last state
             self.service.left.remote(unit.slot["slot"])
             self._moved(unit, moved)
 
@@ -176,7 +176,11 @@ class _Proxy:
         slot = ray.get(self.service.place.remote(unit.key, self.need, self.epoch, dedicated))
         if slot is None:
             return
-        host = ray.get_actor(slot["host"])
+        try:
+            host = ray.get_actor(slot["host"])
+        except ValueError:  # the host's actor is gone
+            self.service.slot_lost.remote(slot["slot"])
+            return
         try:
             kept = ray.get(host.attach_fill.remote(self.workload, self.plan, slot["mode"],
                                                    member_ids=None if unit.state else unit.member_ids,
