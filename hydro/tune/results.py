@@ -17,7 +17,7 @@ from torch import nn
 from hydro.atomic_write import atomic_write
 from hydro.binder import FusedModel, unfuse
 from hydro.trial.members import build_members
-from hydro.trial.plan import TrialKind, plan_of
+from hydro.trial.plan import TrialKind, TrialPlan, plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
 from hydro.tune.trainable import STATE_FILE
@@ -28,8 +28,18 @@ ENERGY_COLUMNS = ("energy_j", "cost")  # each member's share (J) when trials are
 logger = logging.getLogger(__name__)
 
 
+FUSED = "fused"  # the member table's kind of a fused trial's full-size members (scale 1): they are no surrogates
+
+
+def member_kind(plan: TrialPlan) -> str:
+    """A member's ``kind`` in the member table: its trial plan's, but :data:`FUSED` for the members of a fused trial
+    at full size (``scale`` 1), which stand for themselves, not for a larger model."""
+    return FUSED if plan.kind == TrialKind.SURROGATE and plan.scale == 1 else str(plan.kind)
+
+
 def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
-    """One row per member: ``member``, ``kind`` (surrogate/target/plain), ``trial`` (the fused trial),
+    """One row per member: ``member``, ``kind`` (surrogate: shrunk, fused; fused: full size, fused; target; plain:
+    full size, unfused), ``trial`` (the fused trial),
     ``config/<key>`` values, final metrics, ``epochs`` trained, ``stop_epoch`` (early-stopped members) and
     ``error`` (its trial failed while it trained). The full-size targets come first (the returned one, the best,
     first), then the other rows, each best first by ``spec.metric``; members that failed after their targets'
@@ -42,7 +52,7 @@ def member_table(results: ResultGrid, spec: TuneSpec) -> pd.DataFrame:
         failed = result.error is not None or bool((result.metrics or {}).get(ERROR_KEY))
         for member, config in plan.members:
             row = {"member": trial if plan.kind == TrialKind.PLAIN else member,
-                   "kind": plan.kind, "trial": trial, **{f"config/{k}": v for k, v in config.items()}}
+                   "kind": member_kind(plan), "trial": trial, **{f"config/{k}": v for k, v in config.items()}}
             row.update(_final(history, spec, f"{MEMBERS_KEY}/{member}/" if plan.kind == TrialKind.SURROGATE else ""))
             row["error"] = failed and row["stop_epoch"] is None  # stopped before its trial failed: it finished
             rows.append(row)
@@ -103,7 +113,8 @@ def best_configuration(results: ResultGrid, spec: TuneSpec) -> dict | None:
     source = next((plan_of(r.config).source for r in results
                    if r.config is not None and _trial_id(r) == row["trial"]), {})
     result = _result_of(results, row["trial"])
-    checkpoint = result.checkpoint if result is not None and row["kind"] != TrialKind.SURROGATE else None
+    checkpoint = result.checkpoint if result is not None and row["kind"] in (TrialKind.TARGET, TrialKind.PLAIN) \
+        else None  # a fused trial's checkpoint holds several members, not the user's model
     return {"config": config, "kind": row["kind"], "metric": spec.metric, "mode": spec.mode,
             "value": float(row[spec.metric]), "metrics": {k: _plain(row.get(k)) for k in spec.metric_names()},
             "member": row["member"], "source": source, "trial": row["trial"],

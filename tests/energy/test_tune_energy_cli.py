@@ -33,7 +33,7 @@ def test_energy_run_reports_energy_and_cost_per_member(workload_file, tmp_path, 
     table = pd.read_csv(tmp_path / "runs" / "cli" / "hydro_members.csv")
     assert len(table) == 5  # 4 members and the full-size target
     assert (table["energy_j"] > 0).all() and (table["cost"] > 0).all()
-    surrogates = table[table["kind"] == "surrogate"]
+    surrogates = table[table["kind"] == "fused"]  # --scale 1: full-size members of fused trials
     assert set(surrogates["config/batch_size"]) <= {16, 32}  # the bandit's choice, per fused group
     assert surrogates.groupby("trial")["config/batch_size"].nunique().eq(1).all()
     target = table.loc[table["kind"] == "target", "config/batch_size"].item()  # its source member's batch size

@@ -66,7 +66,7 @@ def test_no_target_then_resume_on_the_command_line(workload_file, tmp_path, caps
     try:
         assert main([*common, "--samples", "2", "--fusion", "2", "--no-target", "--name", "search"]) == 0
         best = json.loads((tmp_path / "runs" / "search" / "hydro_best.json").read_text())
-        assert best["kind"] == "surrogate"
+        assert best["kind"] == "fused"  # a fused full-size member's (--scale 1)
         (tmp_path / "runs" / "search" / "hydro_best.json").unlink()
         assert main([*common, "--resume", str(tmp_path / "runs" / "search")]) == 0  # finished: its results again
     finally:

@@ -40,7 +40,7 @@ def test_fit_reports_members_and_returns_the_users_configuration_and_model(ray_c
                                 storage_path=str(tmp_path), name="api")
     assert "Number of trials" not in capsys.readouterr().out  # no Ray trial table
     table = member_table(results, workload)
-    members = table[table["kind"] == "surrogate"]
+    members = table[table["kind"] == "fused"]  # full-size members of fused trials
     stopped = members[members["stop_epoch"].notna()]
     assert len(members) == 6 and len(stopped) >= 1
     # The last progress line counts members, names the best one and the target.

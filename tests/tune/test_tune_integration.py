@@ -30,7 +30,8 @@ def tuner(workload, searcher, path, name, callbacks=(), max_failures=0):
 
 
 def surrogates(table):
-    return table[table["kind"] == "surrogate"]
+    """The members of fused trials: shrunk (surrogate) or, at scale 1, full size (fused)."""
+    return table[table["kind"].isin(["surrogate", "fused"])]
 
 
 def test_tuner_with_optuna_and_asha_stops_members_inside_fused_trials(ray_cluster, tmp_path):
