@@ -1,0 +1,119 @@
+"""Sessions of a SIGKILLed Hydro driver are cleaned, by the next Hydro start or by the driver's watchdog, on a
+machine where another (unmarked) Ray session runs and is left alone. Real local clusters, each started by a
+driver process of its own, in a Ray temp folder of this test's own."""
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hydro.tune import ray_sessions
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
+
+HYDRO_DRIVER = textwrap.dedent('''
+    import sys, ray
+    from hydro.tune.run import start_local_cluster
+    start_local_cluster()
+    ray.get(ray.remote(lambda: 1).remote())  # a worker is up too
+    print(ray._private.worker._global_node.get_session_dir_path(), flush=True)
+    sys.stdin.read()
+''')
+PLAIN_DRIVER = textwrap.dedent('''
+    import sys, ray
+    ray.init(num_cpus=1, include_dashboard=False)
+    ray.get(ray.remote(lambda: 1).remote())
+    print(ray._private.worker._global_node.get_session_dir_path(), flush=True)
+    sys.stdin.read()
+    ray.shutdown()
+''')
+
+
+def _driver(code: str, temp: str) -> tuple[subprocess.Popen, str]:
+    """A driver process running ``code`` with Ray's temp folder in ``temp``, and its session folder."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO), "HOME": str(Path.home()),
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": temp}
+    driver = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    ready, _, _ = select.select([driver.stdout], [], [], 120)
+    line = driver.stdout.readline().strip() if ready else ""
+    if not line:
+        driver.kill()
+        pytest.fail("the driver did not start its cluster within 120 s")
+    return driver, line
+
+
+def _alive(pids: dict[int, int | None]) -> set[int]:
+    return {pid for pid, start in pids.items() if ray_sessions.start_time(pid) == start}
+
+
+def _processes(session_dir: str) -> dict[int, int | None]:
+    return {pid: ray_sessions.start_time(pid) for pid in ray_sessions.session_pids(session_dir)}
+
+
+def _kill(driver: subprocess.Popen) -> None:
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(10)
+
+
+def _wait_gone(session_dir: str, pids: dict[int, int | None], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (os.path.exists(session_dir) or _alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def test_killed_drivers_sessions_are_cleaned_and_others_left_alone():
+    temp = tempfile.mkdtemp(prefix="hyrs", dir="/tmp")  # short: Ray's socket paths live under it
+    drivers: list[subprocess.Popen] = []
+    try:
+        plain, plain_dir = _driver(PLAIN_DRIVER, temp)
+        drivers.append(plain)
+        plain_pids = _processes(plain_dir)
+        assert len(plain_pids) >= 2, plain_pids  # its raylet, GCS, workers... name its folder
+
+        # 1. A driver and its watchdog SIGKILLed together: the next Hydro start cleans the session.
+        first, first_dir = _driver(HYDRO_DRIVER, temp)
+        drivers.append(first)
+        first_pids = _processes(first_dir)
+        watchdogs = [pid for pid in first_pids if b"ray_sessions.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(watchdogs) == 1 and len(first_pids) >= 3, first_pids
+        os.kill(watchdogs[0], signal.SIGKILL)
+        _kill(first)
+        time.sleep(1)
+        assert os.path.isdir(first_dir) and _alive(first_pids), "nothing cleaned it yet"  # Ray's leftovers
+
+        second, second_dir = _driver(HYDRO_DRIVER, temp)  # start_local_cluster sweeps the temp folder
+        drivers.append(second)
+        _wait_gone(first_dir, first_pids, 10)
+        assert not os.path.exists(first_dir) and not _alive(first_pids)
+
+        # 2. A driver SIGKILLed alone: its watchdog cleans the session within seconds.
+        second_pids = _processes(second_dir)
+        assert len(second_pids) >= 3, second_pids
+        _kill(second)
+        _wait_gone(second_dir, second_pids, 20)
+        assert not os.path.exists(second_dir) and not _alive(second_pids)
+
+        # The unmarked session is untouched: its folder and every process.
+        assert os.path.isdir(plain_dir) and _alive(plain_pids) == set(plain_pids)
+        assert ray_sessions.sweep(os.path.dirname(plain_dir)) == []
+        plain.stdin.close()
+        assert plain.wait(60) == 0
+    finally:
+        for driver in drivers:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait(10)
+        for session in Path(temp, "ray").glob("session_2*"):
+            ray_sessions.kill_session(str(session))
+        shutil.rmtree(temp, ignore_errors=True)
