@@ -72,6 +72,37 @@ def _wait_gone(session_dir: str, pids: dict[int, int | None], timeout_s: float) 
         time.sleep(0.2)
 
 
+def _sleeper(*args: str) -> subprocess.Popen:
+    """A process whose command line holds ``args``."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args])
+
+
+def test_sweep_cleans_only_marked_sessions_whose_driver_is_gone(tmp_path):
+    """No Ray: fake session folders, each named by a process's command line; a folder whose name is a prefix of
+    another's (``..._12`` and ``..._123``) does not claim the other's processes."""
+    driver = _sleeper()
+    folders = {name: tmp_path / f"session_2026_{name}" for name in ("12", "123", "alive", "plain")}
+    for folder in folders.values():
+        folder.mkdir()
+    ray_sessions.mark(str(folders["12"]), driver.pid)
+    driver.kill()
+    driver.wait()  # its driver is gone
+    ray_sessions.mark(str(folders["alive"]))  # its driver is this process
+    processes = {name: _sleeper(f"--session-dir={folder}", f"--log-dir={folder}/logs")
+                 for name, folder in folders.items()}
+    try:
+        assert ray_sessions.driver_alive(str(folders["plain"])) is None
+        assert ray_sessions.session_pids(str(folders["12"])) == [processes["12"].pid]
+        assert ray_sessions.sweep(str(tmp_path)) == [str(folders["12"])]
+        assert processes["12"].wait(10) == -signal.SIGTERM
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f.name for n, f in folders.items() if n != "12")
+        assert all(processes[name].poll() is None for name in ("123", "alive", "plain"))
+    finally:
+        for process in processes.values():
+            process.kill()
+            process.wait()
+
+
 def test_killed_drivers_sessions_are_cleaned_and_others_left_alone():
     temp = tempfile.mkdtemp(prefix="hyrs", dir="/tmp")  # short: Ray's socket paths live under it
     drivers: list[subprocess.Popen] = []
