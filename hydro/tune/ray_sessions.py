@@ -5,8 +5,9 @@ spawns a watchdog (:func:`watch`, this file run as a script; standard library on
 that outlives a SIGKILLed driver: once the driver is gone and the marker is still there, it stops the session's
 leftover processes and removes its folder. Each later start also sweeps the Ray temp folder (:func:`sweep`) for
 marked sessions whose driver and watchdog were both killed. Only marked sessions are touched, and of the
-processes only those of the current user whose command line names the session folder: other users' and other
-drivers' clusters on the same machine are left alone. Linux only (``/proc``); elsewhere these do nothing.
+processes only those of the current user whose command line names the session folder or that hold a file in it
+open: other users' and other drivers' clusters on the same machine are left alone. Linux only (``/proc``);
+elsewhere these do nothing.
 """
 from __future__ import annotations
 
@@ -34,10 +35,11 @@ def _has_proc() -> bool:
 
 def start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22); ``None`` if there
-    is no such process."""
+    is no such process or it has ended (a zombie its parent has not reaped yet)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -64,7 +66,9 @@ def driver_alive(session_dir: str) -> bool | None:
 
 
 def session_pids(folder: str) -> list[int]:
-    """This user's processes (but this one) that have ``folder`` or a path inside it in their command line."""
+    """This user's processes (but this one) that name ``folder`` or a path inside it in their command line, or
+    hold a file inside it open: Ray's agents and workers rewrite their command line (``ray::IDLE``) but keep
+    their log files in the session folder open."""
     folder = os.path.realpath(folder)
     names = re.compile(re.escape(folder.encode()) + rb"(?:/|\x00|$)")
     found = []
@@ -76,11 +80,20 @@ def session_pids(folder: str) -> list[int]:
                 continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read()
+            if names.search(cmdline) or _holds_open(int(entry), folder):
+                found.append(int(entry))
         except OSError:
             continue
-        if names.search(cmdline):
-            found.append(int(entry))
     return found
+
+
+def _holds_open(pid: int, folder: str) -> bool:
+    """Whether process ``pid`` has a file inside ``folder`` open."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(folder + "/"):
+                return True
+    return False
 
 
 def kill_session(folder: str, grace_s: float = GRACE_S) -> list[int]:
