@@ -63,18 +63,17 @@ def _processes(session_dir: str) -> dict[int, int | None]:
     return {pid: ray_sessions.start_time(pid) for pid in ray_sessions.session_pids(session_dir)}
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:  # it ended meanwhile
+        return []
+
+
 def _titles(pids) -> set[str]:
     """The process titles Ray's agents and workers give themselves (``ray::...``) among ``pids``."""
-    titles = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                first = f.read().split(b"\0")[0].decode()
-        except OSError:  # it ended meanwhile
-            continue
-        if first.startswith("ray::"):
-            titles.add(first.strip())
-    return titles
+    return {args[0].strip() for args in map(_cmdline, pids) if args and args[0].startswith("ray::")}
 
 
 def _kill(driver: subprocess.Popen) -> None:
@@ -127,12 +126,13 @@ def test_killed_drivers_sessions_are_cleaned_and_others_left_alone():
         drivers.append(plain)
         plain_pids = _processes(plain_dir)
         assert "ray::DashboardAgent" in _titles(plain_pids), plain_pids  # its agents, raylet, GCS... are found
+        plain_core = {pid: start for pid, start in plain_pids.items() if "ray::IDLE" not in _titles([pid])}
 
         # 1. A driver and its watchdog SIGKILLed together: the next Hydro start cleans the session.
         first, first_dir = _driver(HYDRO_DRIVER, temp)
         drivers.append(first)
         first_pids = _processes(first_dir)
-        watchdogs = [pid for pid in first_pids if b"ray_sessions.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        watchdogs = [pid for pid in first_pids if any(a.endswith("ray_sessions.py") for a in _cmdline(pid))]
         assert len(watchdogs) == 1, first_pids
         assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE"} <= _titles(first_pids), first_pids
         os.kill(watchdogs[0], signal.SIGKILL)
@@ -154,7 +154,6 @@ def test_killed_drivers_sessions_are_cleaned_and_others_left_alone():
 
         # The unmarked session is untouched: its folder, its processes (but idle workers, which Ray may end) and
         # its cluster, which still runs a task.
-        plain_core = {pid: start for pid, start in plain_pids.items() if "ray::IDLE" not in _titles([pid])}
         assert os.path.isdir(plain_dir) and _alive(plain_core) == set(plain_core), plain_core
         plain.stdin.write("again\n")
         plain.stdin.flush()
