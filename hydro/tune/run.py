@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 
@@ -20,6 +18,7 @@ from hydro.energy.tuning import EnergySettings
 from hydro.trial.check import WorkloadError, check_any_workload, check_group_by, describe
 from hydro.trial.data import DataSource
 from hydro.trial.spec import TuneSpec
+from hydro.tune import ray_sessions
 from hydro.tune.bubble_scheduler import BubbleScheduler
 from hydro.tune.energy_scheduler import check_batch_sizes, for_hydro
 from hydro.tune.fill_trainable import bubble_fill
@@ -58,20 +57,22 @@ def check_storage(storage_path: str | None) -> str | None:
 def start_local_cluster() -> None:
     """Start a Ray cluster of this machine for this process, as ``hydro tune`` does: every process listening on
     127.0.0.1 only, no dashboard, workers that import this checkout of Hydro and the driver's ``PYTHONPATH``; at
-    exit it is shut down and its session folder removed."""
+    exit it is shut down and its session folder removed. Its session folder is marked as this driver's, with a
+    watchdog that cleans it up should this process be killed; sessions earlier Hydro drivers left behind that way
+    are cleaned here too (:mod:`hydro.tune.ray_sessions`)."""
     _loopback_only()
     ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
-    atexit.register(_shut_down, ray._private.worker._global_node.get_session_dir_path())
+    session_dir = ray._private.worker._global_node.get_session_dir_path()
+    ray_sessions.mark(session_dir)
+    ray_sessions.spawn_watchdog(session_dir)
+    ray_sessions.sweep(os.path.dirname(session_dir))
+    atexit.register(_shut_down, session_dir)
 
 
 def _shut_down(session_dir: str) -> None:
     """Stop the cluster :func:`start_local_cluster` started (its agents too) and remove its session folder."""
     ray.shutdown()
-    latest = os.path.join(os.path.dirname(session_dir), "session_latest")
-    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session_dir):
-        with contextlib.suppress(OSError):
-            os.remove(latest)
-    shutil.rmtree(session_dir, ignore_errors=True)
+    ray_sessions.remove_session(session_dir)
 
 
 def worker_pythonpath(root: str = PACKAGE_ROOT, environ: Mapping[str, str] = os.environ) -> str:

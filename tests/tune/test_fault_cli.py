@@ -44,6 +44,7 @@ def test_joining_a_cluster_without_authentication_warns_and_a_refused_join_is_on
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(cli, "_reachable", lambda address: None)
+    monkeypatch.setattr(cli, "token_refused", lambda address: False)
     monkeypatch.setattr(authentication_token_setup, "maybe_enable_token_auth_if_token_available", lambda **kw: False)
     monkeypatch.setattr(authentication_utils, "is_token_auth_enabled", lambda: False)
     monkeypatch.setattr(ray, "init", refused)
