@@ -49,9 +49,9 @@ def test_joining_a_cluster_without_authentication_warns_and_a_refused_join_is_on
     monkeypatch.setattr(authentication_utils, "is_token_auth_enabled", lambda: False)
     monkeypatch.setattr(ray, "init", refused)
     with caplog.at_level("WARNING", "hydro.tune.cli"), pytest.raises(UsageError) as error:
-        cli.connect("10.0.0.5:6379")
-    assert "joining the Ray cluster at 10.0.0.5:6379 without authentication" in caplog.text
-    assert str(error.value) == ("hydro tune: could not join the Ray cluster at 10.0.0.5:6379 (ConnectionError: Could "
+        cli.connect("127.0.0.5:6379")
+    assert "joining the Ray cluster at 127.0.0.5:6379 without authentication" in caplog.text
+    assert str(error.value) == ("hydro tune: could not join the Ray cluster at 127.0.0.5:6379 (ConnectionError: Could "
                                 "not read 'session_name' from GCS); if it uses token authentication, put its token in "
                                 "~/.ray/auth_token or $RAY_AUTH_TOKEN")
 
