@@ -78,3 +78,16 @@ def test_the_workload_check_tries_other_configurations_after_a_numeric_failure(c
 
     prepare(*some_diverging_draws())  # the first draw diverges at once; the fourth trains: the space is not refused
     assert "{'lr': 1e+30, 'momentum': 0.0} fails numerically in the workload check" in caplog.text
+
+
+def test_a_fused_loss_fault_that_no_member_repeats_is_raised_not_hidden():
+    calls = []
+
+    def fails_once(output, target):  # the loss's own fault on its first call, not a member's
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("fault of the loss")
+        return nn.functional.cross_entropy(output, target)
+
+    with pytest.raises(ZeroDivisionError, match="fault of the loss"):
+        trained([HEALTHY, HEALTHY], loss=fails_once)

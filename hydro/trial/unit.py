@@ -314,10 +314,10 @@ class FusedTrial:
     def _losses(self, chunk: Members, output: Tensor, target: Tensor) -> Tensor:
         """The chunk's members' losses ``[n]``: ``trial_losses``; when that raises (not out of memory), each
         member's own ``spec.loss``, a member whose loss raises failing alone (NaN, no gradient from it). A loss
-        that computes for each member alone but not over fused members (e.g. data-dependent control flow, which
-        ``torch.vmap`` refuses) is computed member by member from then on (logged once). A
-        :class:`~hydro.loss.LossError` (arguments no member can compute a loss of), and a loss that does not reduce
-        to a scalar per member, raise."""
+        that ``torch.vmap`` refuses (e.g. data-dependent control flow) but every member computes alone is computed
+        member by member from then on (logged once). A :class:`~hydro.loss.LossError` (arguments no member can
+        compute a loss of), a loss that does not reduce to a scalar per member, and any other error of the fused
+        loss that no member's own loss repeats (the loss's own fault, not a member's), raise."""
         if self.loss_by_member is None:
             try:
                 return trial_losses(self.loss, output, target)
@@ -331,6 +331,8 @@ class FusedTrial:
             if any(not isinstance(loss, Tensor) or loss.dim() for loss in computed):
                 raise fused_error
             if len(computed) == len(losses):
+                if not _vmap_refused(fused_error):
+                    raise fused_error
                 self.loss_by_member = f"{type(fused_error).__name__}: {str(fused_error).splitlines()[0]}"
                 logger.warning("the loss cannot be computed over fused members (%s); computing it member by member",
                                self.loss_by_member)
@@ -437,3 +439,9 @@ def _move(members: Members, target: torch.device, keys: set[str] | None = None) 
                     state[key] = value.to(target)
                     moved.add(key)
     return moved
+
+
+def _vmap_refused(error: BaseException) -> bool:
+    """Whether ``error`` is ``torch.vmap`` refusing a function (no batching rule, data-dependent control flow,
+    ``.item()``), which the function computed per member would not raise."""
+    return isinstance(error, RuntimeError) and ("vmap" in str(error) or "Batching rule" in str(error))
