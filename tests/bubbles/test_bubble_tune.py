@@ -235,7 +235,7 @@ def test_a_fill_that_raises_fails_its_members_once_and_a_killed_fill_is_retried(
     assert result.error is None
     table = member_table(results, tune_spec)
     if fault == "raise":  # raised once, not retried: its members failed with the cause, their epoch 1 kept
-        assert len(faults(log)) == 1 and recoveries.recovered == []
+        assert len(set(faults(log))) == 1 and recoveries.recovered == []  # one process (its members each hit it)
         assert result.metrics["hydro_error"].startswith("ZeroDivisionError: fault injected by the test's loss in "
                                                         "epoch 2 (the fill trial of members m00000, m00001 failed on ")
         assert RAISED in result.metrics["hydro_traceback"]
