@@ -39,9 +39,9 @@ LEGEND = f"""
 member: mNNNNN one sampled configuration, mNNNNN@S its re-training at scale S (the width ladder), #k a seed repeat;
   target: the returned configuration at full size (the first row; fallback targets: more configurations at full
   size, the best one returned). kind: surrogate (shrunk by --scale, fused), fused (full size, fused: --scale 1),
-  target (full size), plain (full size, unfused). trial: the Ray trial (a fused group) that trained it. epochs: epochs it trained. stop_epoch: the epoch
-  early stopping ended it at ({STILL_TRAINING}: it trained every epoch). A "group (64,)" in the log: members that
-  may share fused trials, keyed by (batch size, TuneSpec.group_by values)."""
+  target (full size), plain (full size, unfused). trial: the Ray trial (a fused group) that trained it. epochs:
+  epochs it trained. stop_epoch: the epoch early stopping ended it at ({STILL_TRAINING}: it trained every epoch).
+  A "group (64,)" in the log: members that may share fused trials, keyed by (batch size, TuneSpec.group_by values)."""
 
 
 class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
