@@ -84,7 +84,34 @@ def session_pids(folder: str) -> list[int]:
                 found.append(int(entry))
         except OSError:
             continue
-    return found
+    return _with_descendants(found)
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of process ``pid`` (``/proc/<pid>/stat`` field 4), ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _with_descendants(pids: list[int]) -> list[int]:
+    """``pids`` and this user's processes descended from them (Ray's workers are the raylet's children, and a
+    worker need not hold a file of the session open), never this process or its parent."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{entry}").st_uid == os.getuid() and (parent := _parent(int(entry))) is not None:
+                    children.setdefault(parent, []).append(int(entry))
+    found, todo = set(pids), list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found and child not in (os.getpid(), os.getppid()):
+                found.add(child)
+                todo.append(child)
+    return sorted(found)
 
 
 def _holds_open(pid: int, folder: str) -> bool:
@@ -111,7 +138,11 @@ def kill_session(folder: str, grace_s: float = GRACE_S) -> list[int]:
     for pid in alive:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    return sorted(pids)
+    late = [pid for pid in session_pids(folder) if pid not in pids]  # started while the others stopped
+    for pid in late:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return sorted({*pids, *late})
 
 
 def remove_session(session_dir: str) -> None:

@@ -92,7 +92,8 @@ def test_ray_job_submit_and_address_with_token_authentication(tmp_path):
         job = subprocess.run(
             [str(RAY), "job", "submit", "--address", url, "--working-dir", str(REPO), "--",
              sys.executable, "-m", "hydro.cli", "tune", "--workload", str(project / "my_workload.py"), "--samples",
-             "2", "--fusion", "2", "--scheduler", "none", "--storage", str(temp / "runs"), "--name", "job"],
+             "2", "--fusion", "2", "--scheduler", "none", "--storage", str(temp / "runs"), "--name", "job",
+             "--verbose"],
             env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=300, check=False)
         out = job.stdout + job.stderr
         assert job.returncode == 0, out[-4000:]
