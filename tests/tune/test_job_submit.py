@@ -57,7 +57,8 @@ def wait_for_server(url: str, head: subprocess.Popen, timeout_s: float = 90.0) -
 
 def hydro_rows(out: str) -> list[str]:
     """The member table's search and target rows (a width ladder's rows, ``m0000x@S``, left out)."""
-    rows = [line.split()[0] for line in out.splitlines() if line.strip().startswith(("m0000", "target "))]
+    rows = [line.split()[0] for line in out.splitlines() if line.strip().startswith(("m0000", "target "))
+            and len(line.split()) > 1 and line.split()[1] in ("surrogate", "fused", "target", "plain")]  # a row
     return sorted(row for row in rows if "@" not in row)
 
 
