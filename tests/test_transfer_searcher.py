@@ -11,6 +11,7 @@ from ray.tune.search import Searcher
 from hydro.examples.models import MLP
 from hydro.trial.plan import TrialKind, plan_of
 from hydro.tune import HydroSearcher, best_configuration, member_table, trainable
+from schedulers.member_id import MemberId
 from tests.tune.test_searcher import Scripted, member_result
 from tests.tune.workload import SPACE, dead_at_full_width, spec
 
@@ -33,8 +34,8 @@ def test_seeds_ladder_and_top_k_targets(caplog):
     quality = {8: lambda i: i / 10, 4: lambda i: 1 - i / 10, 2: lambda i: 1 - i / 10}
 
     def acc(member, scale):
-        index = int(member.split("#")[0].split("@")[0][1:])
-        return quality[scale](index) + (0.02 if "#" in member else 0.0)
+        member = MemberId.parse(member)
+        return quality[scale](int(member.config[1:])) + (0.02 if member.seed else 0.0)
 
     trials = {}
     while (config := s.suggest(f"t{len(trials)}")) not in (None, Searcher.FINISHED):
@@ -225,9 +226,9 @@ def test_a_stage_closes_on_its_members_last_results_before_tune_completes_its_tr
     assert s.suggest("again") is None  # every trial of the stages started; the completion adds none
     s.on_trial_complete("target", {"val_acc": 0.9})
     assert s.suggest("after") == Searcher.FINISHED
-    transfer = s.state.transfer
-    assert list(transfer.targets) == ["target"] and [len(stage) for stage in transfer.stages] == [8, 4, 1]
-    assert s.transfer.returned(transfer.stages) == "m00007"
+    state = s.driver.state
+    assert list(state.targets) == ["target"] and [len(stage) for stage in state.stages] == [8, 4, 1]
+    assert s.driver.policy.returned(state.stages) == "m00007"
 
 
 @pytest.mark.parametrize("gpus, slots, rung", [
@@ -257,12 +258,12 @@ def test_a_rung_of_cpu_trials_leaves_out_a_last_round_of_the_trial_slots_half_fu
     trials = []
     while isinstance(config := s.suggest(f"r{len(trials)}"), dict):
         trials.append(plan_of(config))
-    assert [m for p in trials for m, _ in p.members] == rung and s.transfer.slots == slots
+    assert [m for p in trials for m, _ in p.members] == rung and s.driver.policy.slots == slots
     s.save(str(tmp_path / "searcher.pkl"))
     restored = searcher()
     restored.restore(str(tmp_path / "searcher.pkl"))  # replays the stages with the slots they were planned for
-    transfer = restored.state.transfer
-    assert restored.transfer.slots == slots and restored.transfer.next_rung(transfer.stages) == transfer.rung
+    driver = restored.driver
+    assert driver.policy.slots == slots and driver.policy.next_rung(driver.state.stages) == driver.state.current.rung
 
 
 @pytest.mark.parametrize("gpus, max_concurrent, search_s, rung_cpus, target_cpus", [
@@ -316,10 +317,10 @@ def test_fit_spreads_the_search_over_the_trials_the_cluster_runs_at_once(ray_clu
 
 
 def test_fit_trains_the_lone_target_on_the_cpus_of_both_trial_slots(ray_cluster, tmp_path, monkeypatch):
-    import hydro.tune.searcher as searcher_module
+    import schedulers.search_driver as driver_module
     from hydro.tune.run import fit
 
-    monkeypatch.setattr(searcher_module, "TRIAL_OVERHEAD_S", 0.0)  # this tiny target is worth widening at any cost
+    monkeypatch.setattr(driver_module, "TRIAL_OVERHEAD_S", 0.0)  # this tiny target is worth widening at any cost
 
     results, _ = fit(spec(epochs=1), SPACE, num_samples=4, fusion=4, scale=2, seed=0, storage_path=str(tmp_path),
                      name="wide_target", verbose=0)
@@ -346,15 +347,15 @@ def test_a_regressed_target_gets_fallback_targets_on_a_local_cluster(ray_cluster
     assert not results.errors
     table = member_table(results, workload)
     targets = table[table["kind"] == "target"]
-    stages = searcher.state.transfer.stages
+    stages = searcher.driver.state.stages
     assert [len(s) for s in stages] == [4, 2, 1, 2]  # search, S=2, the target, 2 fallback targets
     target, = stages[2]
     trained = [plan_of(r.config).source["member"] for r in results if plan_of(r.config).kind == TrialKind.TARGET]
     assert sorted(trained) == sorted([target, *stages[3]]) and len(targets) == 3
-    assert searcher.transfer.regression(stages[:3]).config == target  # a chance-level full-size model
+    assert searcher.driver.policy.regression(stages[:3]).config == target  # a chance-level full-size model
     best = best_configuration(results, workload)
     assert best["kind"] == "target" and best["value"] == pytest.approx(targets["val_acc"].max())
-    assert best["source"]["member"] == searcher.transfer.returned(stages)
+    assert best["source"]["member"] == searcher.driver.policy.returned(stages)
 
 
 def test_ladder_seeds_and_top_k_on_a_local_cluster(ray_cluster, tmp_path):

@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"trained full-size model: {best['checkpoint']} (your model, trained: "
               f"hydro.tune.load_model({run_dir!r}))")
     print(f"written: {os.path.join(run_dir, MEMBER_TABLE_FILE)}, {os.path.join(run_dir, BEST_FILE)}")
-    return _target_missing(results, spec, args, with_target=searcher.transfer.fraction is not None)
+    return _target_missing(results, spec, args, with_target=searcher.driver.policy.fraction is not None)
 
 
 def _target_missing(results, spec: TuneSpec, args: argparse.Namespace, with_target: bool) -> int:

@@ -95,7 +95,7 @@ class RunReporter(MemberProgress, KeepResultsOnRetry, AirProgressReporter):
         _restore(previous)
         spec = self.searcher.spec if self.searcher is not None else None
         MemberProgress.__init__(self, spec.metric if spec else "", spec.mode if spec else "max",
-                                self.searcher.state.pool.num_samples if spec else 0)
+                                self.searcher.driver.state.pool.num_samples if spec else 0)
         AirProgressReporter.__init__(self, AirVerbosity.SILENT)
         self.histories: dict[str, list[dict]] = {}  # trial id -> its results, flattened as Tune's logs flatten them
         if self.searcher is not None:

@@ -24,6 +24,7 @@ from ray.tune.schedulers import ASHAScheduler
 from hydro.trial.plan import TrialKind, plan_of
 from hydro.tune.results import BEST_FILE, best_configuration, member_table
 from hydro.tune.run import fit, resume
+from schedulers.member_id import MemberId
 from tests.digits import mlp
 from tests.tune.workload import SPACE, spec
 
@@ -41,7 +42,7 @@ class Killer(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         plan = plan_of(trial.config)
         kind = "target" if plan.kind == TrialKind.TARGET else \
-            "ladder" if any("@" in m for m in plan.member_ids) else "search"
+            "ladder" if any(not MemberId.parse(m).is_search for m in plan.member_ids) else "search"
         if kind != self.which or result["epoch"] != 1 or len(self.kills) == self.times \
                 or self.members not in (None, plan.member_ids):
             return

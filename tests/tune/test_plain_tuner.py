@@ -60,5 +60,5 @@ def test_a_plain_tuner_refuses_a_key_outside_group_by_before_the_first_trial(ray
                        run_config=tune.RunConfig(name="grouped", storage_path=str(tmp_path)))
     with pytest.raises(Exception, match=r"TuneSpec.group_by misses 'width'.*TuneSpec\(group_by=\['width'\]\)"):
         tuner.fit()
-    assert not searcher.state.ledger.trials  # no trial started
+    assert not searcher.driver.state.ledger.trials  # no trial started
     assert "RAY_TUNE_CALLBACKS" not in os.environ

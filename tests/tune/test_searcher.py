@@ -144,7 +144,7 @@ def test_scale_auto_measures_once_at_the_first_member_and_its_trials_train_at_th
     choice = s.scale_choice
     assert choice is not None and choice.scale in AUTO_SCALES and choice.scale in choice.step_s
     assert caplog.text.count("scale='auto': S=") == 1  # measured once
-    assert s.scale == s.transfer.scale == choice.scale
+    assert s.scale == s.driver.policy.scale == choice.scale
     assert all(p.scale == choice.scale and p.mup for p in plans)
 
 
@@ -163,7 +163,7 @@ def test_scale_auto_is_kept_across_save_and_restore_without_measuring_again(tmp_
     monkeypatch.setattr(searcher_module, "measured_scale", measure_again)
     restored = HydroSearcher(spec(), RandomSearch(seed=99), num_samples=6, fusion=2, scale="auto")
     restored.restore(str(tmp_path / "searcher.pkl"))
-    assert restored.scale == restored.transfer.scale == chosen
+    assert restored.scale == restored.driver.policy.scale == chosen
     assert plan_of(restored.suggest("t0")).scale == chosen
 
 
@@ -187,14 +187,14 @@ def test_a_trial_holding_fewer_members_than_planned_is_not_taken_for_one_out_of_
     s.set_search_properties("val_acc", "max", {})
     trials = {t: plan_of(s.suggest(t)) for t in ("t0", "t1", "t2")}
     assert [len(p.members) for p in trials.values()] == [2, 2, 1]  # the last holds the one left
-    (key,) = set(s.state.trial_groups.values())
+    (key,) = set(s.driver.state.trial_groups.values())
     ids = [m for m, _ in trials["t2"].members]
     with caplog.at_level("WARNING", logger="hydro.tune.searcher"):
         s.on_trial_result("t2", {**member_result(ids, 1, {ids[0]: 0.5}), "max_fusion": 1})  # fused its one member
-        assert s.state.pool.fusion[key] == 2 and "ran out of memory" not in caplog.text
+        assert s.driver.state.pool.fusion[key] == 2 and "ran out of memory" not in caplog.text
         ids = [m for m, _ in trials["t0"].members]  # two members, trained one at a time: out of memory
         s.on_trial_result("t0", {**member_result(ids, 1, dict.fromkeys(ids, 0.5)), "max_fusion": 1})
-    assert s.state.pool.fusion[key] == 1
+    assert s.driver.state.pool.fusion[key] == 1
     assert "ran out of memory at 2 fused members: its later trials get 1" in caplog.text
 
 

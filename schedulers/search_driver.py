@@ -1,0 +1,428 @@
+"""The stage machine of a Hydro search (plain Python): which members each trial trains, from the search through
+the width-ladder rungs to the full-size targets and the fallback targets, and what an inner searcher hears.
+
+:class:`SearchDriver` holds the member pool, the member ledger and the transfer stages (:class:`DriverState`,
+plain data to save and restore) and decides from plain inputs: trial ids, member results, trials' seconds and
+the compute a :class:`Cluster` reports. Its decisions are :class:`StageTrial` values; a Ray adapter turns them
+into trial configurations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import math
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from schedulers.member_id import MemberId
+from schedulers.member_ledger import EventKind, MemberEvent, MemberLedger
+from schedulers.member_pool import Member, MemberPool, Suggestion
+from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
+from schedulers.trial_slots import TRIAL_OVERHEAD_S, rung_trials, split_evenly
+
+
+class Stage(enum.Enum):
+    """Where a search is: its search members train (``SEARCH``), a ladder or escalation rung of surrogates
+    (``RUNG``), the full-size targets (``TARGET``) or the fallback targets after a regressed one (``FALLBACK``)
+    train, or every stage has closed (``DONE``)."""
+
+    SEARCH = "search"
+    RUNG = "rung"
+    TARGET = "target"
+    FALLBACK = "fallback"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class StageTrial:
+    """A trial to start. ``members``: ``[(member id, config)]`` of a surrogate trial, or ``[(config id,
+    config)]`` of a target (a full-size trial of that search member's configuration); ``scale``: their width
+    divisor; ``cpus``: CPUs the trial asks for when a stage leaves trial slots idle (``None``: the trainable's
+    request); ``reports_objective``: whether the trial-level objective is the best member's (search trials of a
+    run without targets); ``source``: a target's provenance (``member``, its surrogate score, ``scores`` per
+    scale)."""
+
+    stage: Stage
+    members: list[Member]
+    scale: int
+    cpus: int | None = None
+    reports_objective: bool = False
+    source: dict = field(default_factory=dict)
+
+    @property
+    def is_target(self) -> bool:
+        return self.stage in (Stage.TARGET, Stage.FALLBACK)
+
+
+class Cluster(Protocol):
+    """The compute a driver decides with, asked when it decides."""
+
+    def trial_request(self) -> Mapping[str, float]:
+        """One trial's resources (``{"CPU": ..., "GPU": ...}``; empty while unknown)."""
+
+    def trial_slots(self) -> int:
+        """How many trials train at once on separate compute."""
+
+    def node_cpus(self) -> float:
+        """The CPUs of the largest node a trial can run on."""
+
+
+@dataclass
+class StageRun:
+    """The transfer stage in progress: its ``rung``, its surrogate ``members`` (none for targets), its fused
+    groups or target configurations not yet started (``waiting``), and the CPUs each of its trials asks for
+    (``None``: the trainable's request)."""
+
+    rung: Rung
+    members: list[str]
+    waiting: list[list[Member]]
+    cpus: int | None = None
+
+
+@dataclass
+class DriverState:
+    """Everything a :class:`SearchDriver` decides from: what saving it writes.
+
+    ``pool``/``ledger``: the members drawn and their results; ``trial_groups``: surrogate search trial -> its
+    members' group key; ``trial_seconds``: finished surrogate trial -> its seconds of training; ``stages``: scores
+    of the finished stages (config id -> score), the search's first; ``current``: the stage in progress;
+    ``targets``: full-size trial id -> config id; ``target_values``: config id -> the final value of its target
+    (``None``: failed before a report); ``forwarded``: configs whose completion the inner searcher heard;
+    ``widened``: trials that asked for more CPUs than the trainable's request; ``slots``: the trial slots the
+    rungs fill (fixed when the stages start; 1 for GPU trials, whose time hardly grows with their members);
+    ``started``: every trial of the stages has started."""
+
+    pool: MemberPool
+    ledger: MemberLedger = field(default_factory=MemberLedger)
+    trial_groups: dict = field(default_factory=dict)
+    trial_seconds: dict[str, float] = field(default_factory=dict)
+    stages: list[dict[str, Score]] = field(default_factory=list)
+    current: StageRun | None = None
+    targets: dict[str, str] = field(default_factory=dict)
+    target_values: dict[str, float | None] = field(default_factory=dict)
+    forwarded: set[str] = field(default_factory=set)
+    widened: set[str] = field(default_factory=set)
+    slots: int = 1
+    started: bool = False
+
+
+class SearchDriver:
+    """The stages of one search.
+
+    Args:
+        policy: the transfer policy (its ``scale`` is the search's surrogate scale; ``slots`` set when the
+            stages start).
+        pool: the member pool to draw from.
+        metric: the objective the members report.
+        epochs: the epochs a member trains.
+        group_key: the group key of a configuration (members that may share a fused trial).
+        log: where the stages are logged.
+    """
+
+    def __init__(self, policy: TransferPolicy, pool: MemberPool, metric: str, epochs: int,
+                 group_key: Callable[[dict], Hashable], log: logging.Logger | None = None) -> None:
+        self.policy, self.metric, self.epochs, self.group_key = policy, metric, epochs, group_key
+        self.log = log or logging.getLogger(__name__)
+        self.state = DriverState(pool)
+
+    @property
+    def stage(self) -> Stage:
+        state = self.state
+        if not state.stages:
+            return Stage.SEARCH
+        if state.current is None:
+            return Stage.DONE
+        rung = state.current.rung
+        if rung.scale != FULL_SIZE:
+            return Stage.RUNG
+        return Stage.FALLBACK if rung.kind == RungKind.FALLBACK else Stage.TARGET
+
+    def restore(self, state: DriverState) -> None:
+        self.state = state
+        self.policy = dataclasses.replace(self.policy, slots=state.slots)
+
+    def use_scale(self, scale: int) -> None:
+        """Train the search's surrogates at ``scale`` (a measured choice)."""
+        self.policy = dataclasses.replace(self.policy, scale=scale)
+
+    # --- trials ------------------------------------------------------------------------------------------
+
+    def next_trial(self, trial_id: str, suggest: Callable[[str], dict | Suggestion],
+                   fusion_of: Callable[[Hashable, dict], int], cluster: Cluster) -> StageTrial | None:
+        """The next trial's members, ``trial_id`` its id (``None``: nothing to start now). ``suggest(member
+        id)``: a configuration or a :class:`Suggestion`; ``fusion_of(key, config)``: the planned members per
+        fused trial of a group."""
+        state, policy = self.state, self.policy
+        if state.stages or policy.due(self._search_finished(), self._nothing_left()):
+            trial = self._stage_trial(trial_id, cluster)
+            if trial is not None:
+                return trial
+        members = state.pool.draw(suggest, self.group_key, lambda key, config: max(1, min(
+            fusion_of(key, config) // self.policy.seeds, self.search_share(cluster.trial_slots()))))
+        if not members:
+            return None
+        members = [(str(MemberId(m, seed=s)), c) for m, c in members for s in range(self.policy.seeds)]
+        state.ledger.add_trial(trial_id, [m for m, _ in members])
+        state.trial_groups[trial_id] = self.group_key(members[0][1])
+        return StageTrial(Stage.SEARCH, members, self.policy.scale, reports_objective=self.policy.fraction is None)
+
+    def done(self) -> bool:
+        """Whether no trial is left to start."""
+        state = self.state
+        return state.pool.exhausted and (self.policy.fraction is None or state.started
+                                         or (not state.stages and not state.ledger.running()))
+
+    def search_share(self, slots: int) -> int:
+        """Configurations per fused trial of the search that spread it evenly over ``slots`` trial slots."""
+        return -(-self.state.pool.num_samples // slots)
+
+    def rename_trial(self, old: str, new: str) -> None:
+        """Trial ``new`` trains what trial ``old`` (lost) trained."""
+        state = self.state
+        for table in (state.ledger.trials, state.trial_groups, state.targets):
+            if old in table:
+                table[new] = table.pop(old)
+        if old in state.widened:
+            state.widened.add(new)
+
+    # --- results -----------------------------------------------------------------------------------------
+
+    def on_result(self, trial_id: str, members: Mapping[str, Mapping], cluster: Cluster,
+                  seconds: float | None = None, fused_at_once: int | None = None) -> list[MemberEvent]:
+        """A surrogate trial's report: ``members`` (member id -> metrics), its ``seconds`` of training so far, and
+        the most members it ``fused_at_once`` (fewer than it holds: it ran out of memory). Returns what the inner
+        searcher must hear (config ids)."""
+        if trial_id in self.state.targets:
+            return []  # its final value counts, at completion
+        events = self._forward(self.state.ledger.observe(members))
+        self._replan(trial_id, fused_at_once)
+        if seconds is not None:  # counted once its members have all finished (see _rung_seconds)
+            self.state.trial_seconds[trial_id] = seconds
+        if self.state.current is not None:
+            # A stage closes on its members' last results, before Tune completes their trials: Tune then holds
+            # the next stage's trials when it stops these trials' workers, and keeps as many idle workers for
+            # them (with none waiting, it keeps one, and the next stage's second trial waits for a new worker).
+            self._advance(cluster)
+        return events
+
+    def on_target_complete(self, trial_id: str, value: float | None, cluster: Cluster) -> None:
+        """Target trial ``trial_id`` ended with final objective ``value`` (``None``: no report)."""
+        self.state.target_values[self.state.targets[trial_id]] = value
+        self._advance(cluster)
+
+    def on_trial_complete(self, trial_id: str, error: bool, cluster: Cluster) -> list[MemberEvent]:
+        """Surrogate trial ``trial_id`` ended (``error``: in an error). Returns what the inner searcher must hear."""
+        events = self._forward(self.state.ledger.trial_complete(trial_id, error))
+        if self.state.current is not None:
+            self._advance(cluster)
+        return events
+
+    def reject(self, member: str) -> list[MemberEvent]:
+        """``member``'s configuration cannot train. Returns what the inner searcher must hear."""
+        return self._forward([self.state.ledger.reject(member)])
+
+    def best_member(self) -> str | None:
+        """The search's configuration with the best finite objective (mean over its seeds)."""
+        return self.policy.returned([self._search_scores()])
+
+    def report(self) -> str:
+        """The returned configuration's score at each scale it was trained at, and the transfer checks."""
+        stages, policy = self.state.stages, self.policy
+        config = policy.returned(stages)
+        if config is None:
+            return "no transfer stage has a score"
+        trail = ", ".join(f"{'full size' if s == FULL_SIZE else f'S={s}'}: {score}"
+                          for s, score in policy.trail(stages, config))
+        checks = "; ".join(f"S={c.coarse} vs S={c.fine} over {c.configs} configurations: rho {c.rho:.2f}"
+                           + (f" (95% upper bound {c.upper:.2f})" if math.isfinite(c.upper) else "")
+                           + (" (LOW)" if c.low else "") for c in policy.checks(stages) if c.configs >= 3)
+        return f"{self.metric} of the returned configuration {config} at each scale: {trail}" + \
+            (f". Transfer check (Spearman): {checks}" if checks else "")
+
+    # --- the stage machine ---------------------------------------------------------------------------------
+
+    def _stage_trial(self, trial_id: str, cluster: Cluster) -> StageTrial | None:
+        """The next trial of the transfer stages, or ``None`` (waiting for a stage, or all started)."""
+        state = self.state
+        if not state.stages:
+            # the rungs' cut (TransferPolicy.slots) is for trials whose time grows with their members: CPU trials
+            state.slots = 1 if cluster.trial_request().get("GPU", 0.0) else cluster.trial_slots()
+            self.policy = dataclasses.replace(self.policy, slots=state.slots)
+            state.stages.append(self._search_scores())
+            self.log.info("transfer stages after the search: %s", self.policy.describe(len(state.stages[0])))
+            self._advance(cluster)
+        current = state.current
+        if current is None or not current.waiting:
+            return None
+        stage, group = self.stage, current.waiting.pop(0)
+        if current.cpus:
+            state.widened.add(trial_id)
+        if stage is Stage.RUNG:
+            state.ledger.add_trial(trial_id, [m for m, _ in group])
+            return StageTrial(stage, group, current.rung.scale, current.cpus)
+        ((config_id, config),) = group
+        state.targets[trial_id] = config_id
+        state.started = not current.waiting and self.policy.final(state.stages)
+        trail = self.policy.trail(state.stages, config_id)
+        source = {"member": config_id, self.metric: trail[-1][1].mean, "scores": {str(s): str(v) for s, v in trail}}
+        self.log.info("training the full-size target with %s's configuration %s", config_id, config)
+        return StageTrial(stage, group, FULL_SIZE, current.cpus, source=source)
+
+    def _advance(self, cluster: Cluster) -> None:
+        """Close the stage in progress once all of it finished, and queue the next (or end the stages)."""
+        state, current = self.state, self.state.current
+        if current is not None:
+            if current.waiting:
+                return
+            if current.rung.scale == FULL_SIZE:
+                if any(c not in state.target_values for c in current.rung.configs):
+                    return
+                state.stages.append(scores_of((c, state.target_values[c]) for c in current.rung.configs))
+            else:
+                if any(m not in state.ledger.finished for m in current.members):
+                    return
+                state.stages.append(scores_of((MemberId.parse(m).config, self._final_value(m))
+                                              for m in current.members))
+        rung = self.policy.next_rung(state.stages)
+        if rung is None:
+            state.current = None
+            self._finish()
+            return
+        configs = {c: state.pool.configs[c] for c in rung.configs}
+        if rung.scale == FULL_SIZE:
+            waiting = [[(c, config)] for c, config in configs.items()]
+            state.current = StageRun(rung, [], waiting, self._stage_cpus(len(waiting), self._rung_seconds(
+                1, FULL_SIZE), cluster))
+            if rung.kind == RungKind.FALLBACK:
+                self.log.warning("transfer check: %s: training %d fallback target(s) at full size, %s, and returning "
+                                 "the best full-size one", rung.why, len(configs), ", ".join(configs))
+            return
+        members = [(str(MemberId(c, rung.scale, s)), config) for c, config in configs.items()
+                   for s in range(rung.seeds)]
+        groups: dict = {}
+        for member in members:
+            groups.setdefault(self.group_key(member[1]), []).append(member)
+        slots = rung_trials(self._rung_seconds(len(members), rung.scale), cluster.trial_slots())
+        size = min(max(1, state.pool.max_fusion), -(-len(members) // slots))
+        waiting = [part for g in groups.values() for part in split_evenly(g, -(-len(g) // size))]
+        cpus = self._stage_cpus(len(waiting), self._rung_seconds(max(map(len, waiting)), rung.scale), cluster)
+        state.current = StageRun(rung, [m for m, _ in members], waiting, cpus)
+        seeds = f" ({rung.seeds} seeds each)" if rung.seeds > 1 else ""
+        trials = f" in {len(waiting)} fused trials" if len(waiting) > 1 else ""
+        if rung.kind == RungKind.ESCALATION:
+            self.log.warning("transfer check: %s: fidelity escalation: training the %d other configurations at S=%d"
+                             "%s%s to rank all of them there, then the ladder again from there", rung.why,
+                             len(configs), rung.scale, seeds, trials)
+        else:
+            self.log.info("width ladder: training %d configurations at S=%d%s%s", len(configs), rung.scale, seeds,
+                          trials)
+
+    def _finish(self) -> None:
+        state, policy = self.state, self.policy
+        state.started = True
+        self.log.info(self.report())
+        for check in policy.checks(state.stages):
+            if check.low:
+                self.log.warning("transfer check: the rankings at S=%d and S=%d disagree (Spearman %.2f over %d "
+                                 "configurations, 95%% upper bound %.2f, below %.2f): the surrogates' choice may not "
+                                 "hold at full size; use a smaller scale, seeds=, ladder=True or a larger top_k",
+                                 check.coarse, check.fine, check.rho, check.configs, check.upper,
+                                 policy.min_agreement)
+        regression = policy.regression(state.stages)
+        if regression is not None:
+            self.log.warning("transfer check: the returned configuration %s scored %.4g at full size, %.1f%% worse "
+                             "than at S=%d (%.4g): a full-size model should not do worse than its surrogate, so the "
+                             "surrogates' choice may not hold at full size (seen on overfitting workloads); try a "
+                             "smaller scale, top_k=2 or fallback_targets=2", regression.config,
+                             regression.full_size, 100 * regression.drop, regression.scale, regression.surrogate)
+
+    def _stage_cpus(self, trials: int, work_s: float | None, cluster: Cluster) -> int | None:
+        """CPUs for each of a stage's ``trials`` (``work_s``: the longest one's estimated seconds of training in
+        one slot) when they leave trial slots idle and nothing else trains: the idle slots' CPUs shared among them
+        (torch threads; at most one node's), so that a lone target trains on every core the run's slots hold, when
+        that saves more than a trial's start (a wider trial is a new worker), as :func:`rung_trials` spreads a
+        rung; ``None`` (the trainable's request) otherwise, for GPU trials (their GPU does the work) and while
+        search members still train."""
+        request, slots = cluster.trial_request(), cluster.trial_slots()
+        if trials >= slots or request.get("GPU", 0.0) or self.state.ledger.running():
+            return None
+        cpus = int(min(request.get("CPU", 1.0) * rung_trials(work_s, slots // trials, TRIAL_OVERHEAD_S),
+                       cluster.node_cpus()))
+        return cpus if cpus > request.get("CPU", 1.0) else None
+
+    def _rung_seconds(self, members: int, scale: int) -> float | None:
+        """Estimated seconds of training of ``members`` members at ``scale`` fused in one trial, from the finished
+        trials at the finest scale so far whose members all trained every epoch (early-stopped members would
+        leave each epoch's fixed cost to fewer member-epochs): their seconds per member-epoch, times (their
+        scale / ``scale``)² (a layer's cost grows with the square of its width); ``None``: no such trial yet."""
+        ledger, measured = self.state.ledger, {}
+        for trial, seconds in self.state.trial_seconds.items():
+            ids = ledger.trials.get(trial, [])
+            if not ids or any(m in ledger.failed or (ledger.finished.get(m) or {}).get("epoch") != self.epochs
+                              for m in ids):
+                continue
+            total = measured.setdefault(MemberId.parse(ids[0]).scale_or(self.policy.scale), [0.0, 0])
+            total[0], total[1] = total[0] + seconds, total[1] + len(ids) * self.epochs
+        if not measured:
+            return None
+        finest = min(measured)
+        seconds, member_epochs = measured[finest]
+        return seconds / member_epochs * (finest / scale) ** 2 * members * self.epochs
+
+    def _replan(self, trial_id: str, fused_at_once: int | None) -> None:
+        """A surrogate trial that ran out of memory trained its members in smaller fused chunks: later trials of
+        its group get at most that many members. A trial that holds fewer members than planned (the last of a
+        group, or the search's even share per slot) fuses all of them: that is no shortage of memory."""
+        state = self.state
+        key = state.trial_groups.get(trial_id)
+        planned, held = state.pool.fusion.get(key), len(state.ledger.trials.get(trial_id, ()))
+        if fused_at_once is not None and planned is not None and fused_at_once < min(planned, held):
+            self.log.warning("group %s ran out of memory at %d fused members: its later trials get %d",
+                             key, min(planned, held), fused_at_once)
+            state.pool.fusion[key] = fused_at_once
+
+    def _forward(self, events: list[MemberEvent]) -> list[MemberEvent]:
+        """What the inner searcher must hear of ``events``, each under the id of the search member it drew: the
+        first seed's intermediate results, and once all its seeds finished, the final result with the objective
+        averaged over them (ladder members are not the inner searcher's)."""
+        state, seeds, heard = self.state, self.policy.seeds, []
+        finished = state.ledger.finished
+        for event in events:
+            member = MemberId.parse(event.member)
+            config = member.config
+            if not member.is_search:
+                continue
+            if event.kind is EventKind.RESULT:
+                if member.seed == 0:
+                    heard.append(event)
+                continue
+            repeats = [str(member.repeat(s)) for s in range(seeds)]
+            if config in state.forwarded or any(m not in finished for m in repeats):
+                continue  # the last seed to finish completes the configuration
+            state.forwarded.add(config)
+            score = Score.of((finished[m] or {}).get(self.metric) for m in repeats)
+            result = finished[config]
+            if result is not None and score is not None and seeds > 1:
+                result = {**result, self.metric: score.mean}
+            heard.append(MemberEvent(config, EventKind.COMPLETE, result, error=config in state.ledger.failed))
+        return heard
+
+    def _search_scores(self) -> dict[str, Score]:
+        """Each finished search configuration's score over its finished seeds."""
+        return scores_of((MemberId.parse(m).config, self._final_value(m)) for m in self.state.ledger.finished
+                         if MemberId.parse(m).is_search)
+
+    def _final_value(self, member: str) -> float | None:
+        """A finished member's final objective; ``None`` for a failed member (its last result before the error
+        does not make its configuration a candidate for the transfer stages: it would fail there again)."""
+        ledger = self.state.ledger
+        return None if member in ledger.failed else (ledger.finished[member] or {}).get(self.metric)
+
+    def _nothing_left(self) -> bool:
+        return self.state.pool.exhausted and not self.state.ledger.running()
+
+    def _search_finished(self) -> dict[str, dict | None]:
+        """Final results of the finished search members (first seeds), for when the stages are due."""
+        return {m: r for m, r in self.state.ledger.finished.items() if m in self.state.pool.configs}

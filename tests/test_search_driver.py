@@ -1,0 +1,129 @@
+"""SearchDriver (pure): the stage machine from the search through the ladder rungs to the targets and fallback
+targets, driven with plain inputs and no Ray."""
+import logging
+import pickle
+
+import pytest
+
+from schedulers.member_ledger import EventKind
+from schedulers.member_pool import MemberPool, Suggestion
+from schedulers.search_driver import SearchDriver, Stage
+from schedulers.transfer import TransferPolicy
+
+
+class Cluster:
+    def __init__(self, slots=1, request=None, node_cpus=1.0):
+        self.slots, self.request, self.cpus = slots, request or {"CPU": 1.0}, node_cpus
+
+    def trial_request(self):
+        return self.request
+
+    def trial_slots(self):
+        return self.slots
+
+    def node_cpus(self):
+        return self.cpus
+
+
+def driver(num_samples=4, **options):
+    policy = TransferPolicy(1.0, num_samples, "acc", "max", **{"scale": 4, **options})
+    return SearchDriver(policy, MemberPool(num_samples, 8), "acc", 2, lambda config: config.get("width", 0))
+
+
+def suggest_from(configs):
+    configs = list(configs)
+    return lambda member: configs.pop(0) if configs else Suggestion.FINISHED
+
+
+def report(d, trial_id, members, acc, cluster, done=True, seconds=10.0):
+    return d.on_result(trial_id, {m: {"acc": acc(m), "epoch": 2 if done else 1, "done": done} for m in members},
+                       cluster, seconds)
+
+
+def test_search_ladder_target_and_done_with_the_inner_searchers_events():
+    d, cluster = driver(ladder=True, top_k=1, seeds=2, fallback_targets=0, escalate=False), Cluster()
+    configs = [{"lr": i} for i in range(4)]
+    quality = {4: lambda c: c / 10, 2: lambda c: 1 - c / 10}  # the ladder reverses the search's order
+    assert d.stage is Stage.SEARCH
+    trial = d.next_trial("t0", suggest_from(configs), lambda key, config: 8, cluster)
+    assert trial.stage is Stage.SEARCH and trial.scale == 4 and not trial.is_target
+    ids = [m for m, _ in trial.members]
+    assert ids == ["m00000", "m00000#1", "m00001", "m00001#1", "m00002", "m00002#1", "m00003", "m00003#1"]
+    events = report(d, "t0", ids, lambda m: quality[4](int(m[1:6])), cluster, done=False)
+    assert [(e.member, e.kind) for e in events] == [(f"m0000{i}", EventKind.RESULT) for i in range(4)]  # first seeds
+    events = d.on_trial_complete("t0", False, cluster)
+    events = report(d, "t0", ids, lambda m: quality[4](int(m[1:6])), cluster) + events
+    assert sorted((e.member, e.kind) for e in events) == [(f"m0000{i}", EventKind.COMPLETE) for i in range(4)]
+    assert d.stage is Stage.SEARCH and d.next_trial("r", suggest_from([]), lambda key, config: 8, cluster)
+
+    rung = d.state.current.rung
+    assert d.stage is Stage.RUNG and rung.scale == 2
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None  # "r" holds the rung
+    members = d.state.current.members
+    assert members == ["m00003@2", "m00003@2#1", "m00002@2", "m00002@2#1"]
+    assert report(d, "r", members, lambda m: quality[2](int(m[1:6])), cluster) == []  # ladder members: not the inner's
+    assert d.stage is Stage.TARGET
+    target = d.next_trial("target", suggest_from([]), lambda key, config: 8, cluster)
+    assert target.is_target and target.members == [("m00002", {"lr": 2})] and target.scale == 1
+    assert target.source["member"] == "m00002" and set(target.source["scores"]) == {"4", "2"}
+    assert d.state.started and d.done() and d.stage is Stage.TARGET  # every trial started; the target trains
+    d.on_target_complete("target", 0.9, cluster)
+    assert d.stage is Stage.DONE and d.done() and d.policy.returned(d.state.stages) == "m00002"
+    assert "acc of the returned configuration m00002 at each scale: S=4: " in d.report()
+
+
+def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
+    d, cluster = driver(ladder=False, top_k=1, fallback_targets=1, escalate=False), Cluster()
+    trial = d.next_trial("t0", suggest_from([{"lr": i} for i in range(4)]), lambda key, config: 8, cluster)
+    ids = [m for m, _ in trial.members]
+    report(d, "t0", ids, lambda m: int(m[1:]) / 10 + 0.5, cluster)
+    d.on_trial_complete("t0", False, cluster)
+    target = d.next_trial("t1", suggest_from([]), lambda key, config: 8, cluster)
+    assert target.stage is Stage.TARGET and target.members[0][0] == "m00003"
+    with caplog.at_level(logging.WARNING, logger="schedulers.search_driver"):
+        d.on_target_complete("t1", 0.1, cluster)  # far below its surrogate's 0.8
+    assert d.stage is Stage.FALLBACK and "fallback target" in caplog.text
+    fallback = d.next_trial("t2", suggest_from([]), lambda key, config: 8, cluster)
+    assert fallback.stage is Stage.FALLBACK and fallback.members[0][0] == "m00002"
+    d.on_target_complete("t2", 0.7, cluster)
+    assert d.stage is Stage.DONE and d.policy.returned(d.state.stages) == "m00002"
+
+
+def test_a_lone_target_trains_on_the_idle_slots_cpus():
+    d, cluster = driver(ladder=False, top_k=1, fallback_targets=0), Cluster(slots=4, node_cpus=8.0)
+    suggest = suggest_from([{"lr": i} for i in range(4)])
+    for t in ["t0", "t1", "t2", "t3"]:
+        trial = d.next_trial(t, suggest, lambda key, config: 8, cluster)
+        assert len(trial.members) == 1  # an even share per slot: one configuration per search trial
+        report(d, t, [m for m, _ in trial.members], lambda m: int(m[1:]) / 10, cluster, seconds=600.0)
+        d.on_trial_complete(t, False, cluster)
+    target = d.next_trial("target", suggest_from([]), lambda key, config: 8, cluster)
+    assert target.is_target and target.cpus == 4 and "target" in d.state.widened  # 4 slots of 1 CPU, on 1 node of 8
+
+
+@pytest.mark.parametrize("gpu", [0.0, 1.0])
+def test_the_state_saves_and_restores_as_plain_data_mid_stage(gpu):
+    cluster = Cluster(slots=2, request={"CPU": 1.0, "GPU": gpu})
+    d = driver(num_samples=6, ladder=True, eta=2, top_k=1, fallback_targets=0)
+    trials = {}
+    while (trial := d.next_trial(f"t{len(trials)}", suggest_from([{"lr": i} for i in range(6)][len(trials) * 3:]),
+                                 lambda key, config: 8, cluster)) is not None and trial.stage is Stage.SEARCH:
+        trials[f"t{len(trials)}"] = trial
+    for t, trial in trials.items():
+        report(d, t, [m for m, _ in trial.members], lambda m: int(m[1:]) / 10, cluster)
+        d.on_trial_complete(t, False, cluster)
+    first = d.next_trial("r0", suggest_from([]), lambda key, config: 8, cluster)
+    assert first.stage is Stage.RUNG and d.state.slots == (1 if gpu else 2)
+    restored = driver(num_samples=6, ladder=True, eta=2, top_k=1, fallback_targets=0)
+    restored.restore(pickle.loads(pickle.dumps(d.state)))
+    assert restored.stage is Stage.RUNG and restored.policy.slots == d.policy.slots
+    assert restored.policy.next_rung(restored.state.stages) == restored.state.current.rung
+    assert restored.next_trial("r1", suggest_from([]), lambda key, config: 8, cluster) == \
+        d.next_trial("r1", suggest_from([]), lambda key, config: 8, cluster)
+
+
+def test_a_lost_trial_renamed_keeps_its_members_and_target():
+    d, cluster = driver(top_k=1, fallback_targets=0), Cluster()
+    trial = d.next_trial("t0", suggest_from([{"lr": i} for i in range(4)]), lambda key, config: 8, cluster)
+    d.rename_trial("t0", "t0-again")
+    assert d.state.ledger.trials == {"t0-again": [m for m, _ in trial.members]} and d.state.trial_groups == {"t0-again": 0}
