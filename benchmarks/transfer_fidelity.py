@@ -167,9 +167,10 @@ class Trainer:
     def surrogates(self, configs: dict[str, dict], scale: int, seeds: int) -> dict[str, Score]:
         """Each configuration ``seeds`` times (members ``<id>#<seed>`` differ in their initialisation) in one
         fused trial of µP surrogates at ``scale``; their scores."""
-        members = [(f"{c}#{s}", configs[c]) for c in configs for s in range(seeds)]
+        config_of = {f"{c}#{s}": c for c in configs for s in range(seeds)}
+        members = [(m, configs[c]) for m, c in config_of.items()]
         values = self.run(TrialPlan(TrialKind.SURROGATE, members, scale, mup=True))
-        return scores_of((m.split("#")[0], v) for m, v in values.items())
+        return scores_of((config_of[m], v) for m, v in values.items())
 
     def target(self, config: dict, mup: bool, seed: int | None = None) -> float:
         """``config`` at full size as Hydro's target trains it (``seed``: the spec's unless given)."""
