@@ -136,7 +136,6 @@ class HydroSearcher(Searcher):
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
         if not (isinstance(lost_trial_retries, int) and lost_trial_retries >= 0):
             raise ValueError(f"HydroSearcher: lost_trial_retries must be an int >= 0, got {lost_trial_retries!r}")
-        self.lost_trial_retries = lost_trial_retries
         if trial_resources is not None and not (isinstance(trial_resources, Mapping) and all(
                 isinstance(v, (int, float)) and v >= 0 for v in trial_resources.values())):
             raise ValueError(f"HydroSearcher: trial_resources holds Ray resource amounts >= 0 per trial, e.g. "
@@ -152,6 +151,7 @@ class HydroSearcher(Searcher):
         if unknown:
             raise TypeError(f"HydroSearcher: unknown transfer option(s) {unknown}; the transfer options are {options}")
         self.spec, self.trial_cpus, self._data, self._auto = spec, trial_cpus, data, scale == AUTO
+        self.lost_trial_retries = lost_trial_retries
         self._planner = None if fusion == "auto" else fusion if isinstance(fusion, FusionPlanner) else FixedFusion(fusion)
         policy = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode, scale=checked_scale(scale),
                                 **transfer)
@@ -162,8 +162,7 @@ class HydroSearcher(Searcher):
         self.state = SearchState(MemberStopping(rule, spec.mode) if rule is not None else None,
                                  f"hydro-member-decisions-{uuid.uuid4().hex[:12]}", {},
                                  trial_request={k.upper(): float(v) for k, v in (trial_resources or {}).items()})
-        self._service, self._cluster = None, _RayCluster(self)
-        self._scheduler_checked = False
+        self._service, self._cluster, self._scheduler_checked = None, _RayCluster(self), False
         self._run_reporter, self._learn_resources = run_reporter, trial_resources is None
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
@@ -181,7 +180,7 @@ class HydroSearcher(Searcher):
             member = RandomSearch(config, seed=0).suggest("check")
             check_group_by(self.spec, member, other_values(config, member, 0), mup=self.scale != 1)
         if run is not None and self._learn_resources and not self.state.trial_request:
-            self.state.trial_request = self._run_trial_request(run)
+            self.state.trial_request = _trainable_request(run, self.scale)
         if run is not None and self._run_reporter:
             attach(self)  # last: Tune makes the run's callbacks next
         self.state.space = config or self.state.space
@@ -206,9 +205,8 @@ class HydroSearcher(Searcher):
             return self._again(trial_id)
         trial = self.driver.next_trial(trial_id, self._suggest_member, self._fusion_for, self._cluster)
         if trial is None:
-            # a lost trial may train again
             return Searcher.FINISHED if self.driver.done() and not (
-                self.lost_trial_retries and self._trials_running()) else None
+                self.lost_trial_retries and self.state.suggested) else None  # a started trial may be lost
         if trial.is_target:
             ((config_id, config),) = trial.members
             plan = TrialPlan(TrialKind.TARGET, [(TARGET_MEMBER_ID, config)], scale=1, mup=self.scale > 1,
@@ -220,19 +218,15 @@ class HydroSearcher(Searcher):
                          reports_objective=trial.reports_objective, cpus=trial.cpus)
         return {**_unset(self.state.space), **plan.to_config()}
 
-    def _trials_running(self) -> bool:
-        """Whether a trial this searcher started has not completed."""
-        return bool(self.state.suggested)
-
-    def _lost(self, trial_id: str) -> bool:
-        """Queue trial ``trial_id``, which Tune gave up on after its retries (its process, node or storage was lost;
-        an error of its own code ends a Hydro trial without one), to train again from the start as a fresh trial
-        with the same members and configuration, unless its members had ``lost_trial_retries`` such trials already.
-        Returns whether it was queued. Members train again exactly (their initialisation, batches and stopping
-        decisions are functions of their ids, seed and epochs), and each member's epochs count once."""
-        config = self.state.suggested.get(trial_id)
+    def _lost(self, trial_id: str, config: dict | None, error: bool) -> bool:
+        """Queue trial ``trial_id`` (given ``config``), which ended in an ``error`` after Tune's retries (its
+        process, node or storage was lost; an error of its own code ends a Hydro trial without one), to train again
+        from the start as a fresh trial with the same members and configuration, unless its members had
+        ``lost_trial_retries`` such trials already. Returns whether it was queued. Members train again exactly
+        (their initialisation, batches and stopping decisions are functions of their ids, seed and epochs), and
+        each member's epochs count once."""
         retries = self.state.retries.get(trial_id, 0)
-        if config is None or retries >= self.lost_trial_retries:
+        if not error or config is None or retries >= self.lost_trial_retries:
             return False
         logger.warning("trial %s was lost (after Tune's retries from its checkpoint); training its members %s again "
                        "in a fresh trial (%d of %d)", trial_id, ", ".join(plan_of(config).member_ids), retries + 1,
@@ -250,22 +244,20 @@ class HydroSearcher(Searcher):
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if TRIAL_CPUS_KEY in result and trial_id not in self.driver.state.widened:
             self.state.trial_request = {"CPU": result[TRIAL_CPUS_KEY], "GPU": result.get(TRIAL_GPUS_KEY, 0.0)}
-        self._tell(self.driver.on_result(trial_id, _member_results(result), self._cluster,
-                                         result.get("time_total_s"), result.get("max_fusion")))
+        _tell(self.inner, self.driver.on_result(trial_id, _member_results(result), self._cluster,
+                                                result.get("time_total_s"), result.get("max_fusion")))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        if error and self._lost(trial_id):
-            self.state.suggested.pop(trial_id, None)
+        if self._lost(trial_id, self.state.suggested.pop(trial_id, None), error):
             return
-        self.state.suggested.pop(trial_id, None)
         self.state.retries.pop(trial_id, None)
         if trial_id in self.driver.state.targets:
             self.driver.on_target_complete(trial_id, (result or {}).get(self.spec.metric), self._cluster)
             return
         if result:
             self.on_trial_result(trial_id, result)
-        self._tell(self.driver.on_trial_complete(trial_id, error or bool((result or {}).get(ERROR_KEY)),
-                                                 self._cluster))
+        error = error or bool((result or {}).get(ERROR_KEY))
+        _tell(self.inner, self.driver.on_trial_complete(trial_id, error, self._cluster))
 
     def save(self, checkpoint_path: str) -> None:
         if self._service is not None:
@@ -344,8 +336,6 @@ class HydroSearcher(Searcher):
         """The returned configuration's score at each scale it was trained at, and the transfer checks."""
         return self.driver.report()
 
-    # --- internals ---------------------------------------------------------------------------------------
-
     def _service_name(self) -> str | None:
         return self.state.service_name if self.state.stopping is not None else None
 
@@ -367,7 +357,7 @@ class HydroSearcher(Searcher):
         logger.warning("member %s rejected before training (the inner searcher is told it failed): %s; "
                        "configuration %s", member, problem, config)
         self.state.rejected[member] = (config, problem)
-        self._tell(self.driver.reject(member))
+        _tell(self.inner, self.driver.reject(member))
         return Suggestion.REJECTED
 
     def _fusion_for(self, key, config: Mapping) -> int:
@@ -378,26 +368,6 @@ class HydroSearcher(Searcher):
                 pool.max_fusion, pool.num_samples, self.driver.search_share(slots) * seeds), self.trial_cpus,
                 counts=None if counts is None else [count * seeds for count in counts])
         return self._planner.fusion_for(key, config)
-
-    def _tell(self, events: list[MemberEvent]) -> None:
-        """Tell the inner searcher what its configurations did (config ids, from the driver)."""
-        for event in events:
-            if event.kind is EventKind.RESULT:
-                self.inner.on_trial_result(event.member, event.result)
-            elif event.result and event.result.get("stopped") is True and _prunes(self.inner):
-                self.inner.on_trial_result(event.member, event.result)  # its last value, then no final result:
-                self.inner.on_trial_complete(event.member, result=None)  # Optuna records PRUNED with that value
-            else:
-                self.inner.on_trial_complete(event.member, result=event.result, error=event.error)
-
-    def _run_trial_request(self, run: Mapping) -> dict[str, float]:
-        """One surrogate trial's Ray resources as the trainable of the ``ray.tune.run`` call ``run`` (its local
-        variables) asks for them; Tune's default, 1 CPU, for a trainable that asks for none."""
-        plan = TrialPlan(TrialKind.SURROGATE, [], checked_scale(self.scale), checked_scale(self.scale) > 1)
-        request = get_trainable_cls(run["experiments"][0].run_identifier).default_resource_request(plan.to_config())
-        if isinstance(request, PlacementGroupFactory):
-            return {k.upper(): float(v) for k, v in request.required_resources.items()}
-        return {"CPU": 1.0}
 
 
 @dataclass
@@ -420,6 +390,28 @@ class _RayCluster:
 
     def node_cpus(self) -> float:
         return max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=0.0)
+
+
+def _tell(inner: Searcher, events: list[MemberEvent]) -> None:
+    """Tell ``inner`` what its configurations did (events under config ids, from the search driver)."""
+    for event in events:
+        if event.kind is EventKind.RESULT:
+            inner.on_trial_result(event.member, event.result)
+        elif event.result and event.result.get("stopped") is True and _prunes(inner):
+            inner.on_trial_result(event.member, event.result)  # its last value, then no final result:
+            inner.on_trial_complete(event.member, result=None)  # Optuna records PRUNED with that value
+        else:
+            inner.on_trial_complete(event.member, result=event.result, error=event.error)
+
+
+def _trainable_request(run: Mapping, scale: int | str) -> dict[str, float]:
+    """One surrogate trial's Ray resources at ``scale`` as the trainable of the ``ray.tune.run`` call ``run`` (its
+    local variables) asks for them; Tune's default, 1 CPU, for a trainable that asks for none."""
+    plan = TrialPlan(TrialKind.SURROGATE, [], checked_scale(scale), checked_scale(scale) > 1)
+    request = get_trainable_cls(run["experiments"][0].run_identifier).default_resource_request(plan.to_config())
+    if isinstance(request, PlacementGroupFactory):
+        return {k.upper(): float(v) for k, v in request.required_resources.items()}
+    return {"CPU": 1.0}
 
 
 def _prunes(searcher: Searcher) -> bool:
