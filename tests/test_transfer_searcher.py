@@ -266,6 +266,64 @@ def test_a_rung_of_cpu_trials_leaves_out_a_last_round_of_the_trial_slots_half_fu
     assert driver.policy.slots == slots and driver.policy.next_rung(driver.state.stages) == driver.state.current.rung
 
 
+def test_a_searcher_saved_before_the_search_driver_restores_mid_rung(monkeypatch, tmp_path):
+    """A checkpoint whose state held the members and the stages itself (a ``TransferState``) goes on as saved."""
+    import pickle
+
+    import hydro.tune.searcher as searcher_module
+
+    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster: none here
+    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}])
+
+    def searcher():
+        s = HydroSearcher(spec(epochs=2), num_samples=6, scale=4, fusion=8, ladder=True, eta=2, top_k=1, seed=0,
+                          seeds=2, fallback_targets=0)
+        s.set_search_properties("val_acc", "max", SPACE)
+        s.set_max_concurrency(2)
+        return s
+
+    def finish(s, trial_id, plan):
+        ids = [m for m, _ in plan.members]
+        values = {m: MemberId.parse(m).seed / 100 + int(m[1:6]) / 10 for m in ids}
+        s.on_trial_result(trial_id, {**member_result(ids, 1, values), "trial_cpus": 1.0})
+        s.on_trial_complete(trial_id, {**member_result(ids, 2, values, done=True), "time_total_s": 60.0})
+
+    def rest(s):
+        trials = []
+        while isinstance(config := s.suggest(f"n{len(trials)}"), dict):
+            trials.append(plan_of(config))
+            if trials[-1].kind == TrialKind.TARGET:
+                s.on_trial_complete(f"n{len(trials) - 1}", {"val_acc": 0.9})
+            else:
+                finish(s, f"n{len(trials) - 1}", trials[-1])
+        return [(p.kind, p.scale, p.member_ids, p.source.get("member")) for p in trials], s.transfer_report()
+
+    s = searcher()
+    for trial_id in ("t0", "t1"):
+        finish(s, trial_id, plan_of(s.suggest(trial_id)))
+    r0 = plan_of(s.suggest("r0"))
+    assert r0.scale == 2 and s.driver.state.current.waiting  # the first trial of the rung started
+    s.save(str(tmp_path / "new.pkl"))
+    with open(tmp_path / "new.pkl", "rb") as f:
+        saved = pickle.load(f)
+    driver, transfer = saved.pop("driver"), searcher_module.TransferState()  # the state as it was laid out before
+    current = driver.current
+    transfer.__dict__.update(stages=driver.stages, rung=current.rung, members=current.members,
+                             waiting=current.waiting, targets=driver.targets, target_values=driver.target_values,
+                             forwarded=driver.forwarded, started=driver.started, cpus=current.cpus,
+                             widened=driver.widened, slots=driver.slots)
+    saved["state"].__dict__.update(pool=driver.pool, ledger=driver.ledger, trial_groups=driver.trial_groups,
+                                   trial_seconds=driver.trial_seconds, transfer=transfer)
+    with open(tmp_path / "old.pkl", "wb") as f:
+        pickle.dump(saved, f)
+    restored = searcher()
+    restored.restore(str(tmp_path / "old.pkl"))
+    finish(s, "r0", r0)
+    finish(restored, "r0", r0)
+    expected = rest(s)
+    assert expected[0][-1][0] == TrialKind.TARGET and rest(restored) == expected
+
+
 @pytest.mark.parametrize("gpus, max_concurrent, search_s, rung_cpus, target_cpus", [
     (0, 2, 60.0, [None, None], 2),  # 2 slots of 1 CPU: the rung fills them; the lone target trains on both slots' CPUs
     (0, None, 60.0, [4, 4, 4, 4], 16),  # the node's 16 slots: the rung's 4 trials on 4 CPUs each, the target on 16

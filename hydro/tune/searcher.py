@@ -43,7 +43,7 @@ from schedulers.member_ledger import EventKind, MemberEvent
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
 from schedulers.scale_choice import AUTO, ScaleChoice, checked_scale
-from schedulers.search_driver import SearchDriver, Stage
+from schedulers.search_driver import DriverState, SearchDriver, Stage, StageRun
 from schedulers.transfer import TransferPolicy
 from schedulers.trial_slots import trial_slots, whole_round_counts
 
@@ -271,7 +271,7 @@ class HydroSearcher(Searcher):
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
-            saved = pickle.load(f)
+            saved = _saved_state(pickle.load(f))
         with tempfile.TemporaryDirectory() as directory:
             with open(os.path.join(directory, "inner"), "wb") as f:
                 f.write(saved["inner"])
@@ -390,6 +390,25 @@ class _RayCluster:
 
     def node_cpus(self) -> float:
         return max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=0.0)
+
+
+class TransferState:
+    """The transfer stages as searchers saved them before the search driver held them: read from such
+    checkpoints only (:func:`_saved_state`)."""
+
+
+def _saved_state(saved: dict) -> dict:
+    """A saved searcher (``{"state", "driver", "inner"}``), from one saved before the search driver held the
+    members and the stages too (its ``state`` held them, the stages in a :class:`TransferState`)."""
+    if "driver" in saved:
+        return saved
+    old, transfer = saved["state"].__dict__, saved["state"].__dict__.pop("transfer").__dict__
+    current = None if transfer["rung"] is None else StageRun(transfer["rung"], transfer["members"],
+                                                             transfer["waiting"], transfer["cpus"])
+    driver = DriverState(*(old.pop(k) for k in ("pool", "ledger", "trial_groups", "trial_seconds")),
+                         transfer["stages"], current, *(transfer[k] for k in (
+                             "targets", "target_values", "forwarded", "widened", "slots", "started")))
+    return {**saved, "driver": driver}
 
 
 def _tell(inner: Searcher, events: list[MemberEvent]) -> None:
