@@ -25,7 +25,7 @@ from torch import Tensor
 
 from hydro.loss import LossError, loss_on, trial_losses
 from hydro.trial.backend import batch_in, check_cuda_graphs, set_backend_flags, to_memory_format
-from hydro.trial.data import Batch, DataSource, as_source, batch_order, eval_batch_size
+from hydro.trial.data import Batch, DataSource, as_source, batch_order, eval_batch_size, on_device
 from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
 from hydro.trial.memory import MemoryBudget, is_out_of_memory
@@ -91,8 +91,9 @@ class FusedTrial:
         self.spec, self.plan = spec, plan
         self.device = resolve_device(spec.device) if device is None else torch.device(device)
         start = time.perf_counter()
-        self.data: tuple[DataSource, DataSource] = tuple(
-            as_source(split, name, spec.data_workers).to(self.device) for split, name in zip(data, ("train", "val")))
+        self.data: tuple[DataSource, DataSource] = tuple(on_device(
+            [as_source(split, name, spec.data_workers) for split, name in zip(data, ("train", "val"))], self.device,
+            spec.memory_budget_bytes if memory_budget_bytes is None else memory_budget_bytes))
         self.data_setup_s = time.perf_counter() - start
         check_cuda_graphs(spec.cuda_graphs, self.device)
         set_backend_flags(self.device, spec.tf32, spec.cudnn_benchmark)
