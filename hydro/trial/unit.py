@@ -270,7 +270,14 @@ class FusedTrial:
     @torch.no_grad()
     def evaluate(self) -> dict[str, Tensor]:
         """``val_loss`` and every metric of ``spec.metrics`` per member, each ``[F]``: means over the
-        validation split in chunks (weighted by chunk size, so exact for metrics that are means over samples)."""
+        validation split in chunks (weighted by chunk size, so exact for metrics that are means over samples).
+        Training's random streams (torch's CPU RNG and the device's) are left as they were: whether an epoch is
+        evaluated never changes what training draws (a model's randomness in eval mode, random validation
+        transforms)."""
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            return self._evaluate()
+
+    def _evaluate(self) -> dict[str, Tensor]:
         start = time.perf_counter()
         for chunk in self.chunks:
             chunk.train(False)
@@ -360,9 +367,22 @@ class FusedTrial:
                 values.append(None)
         return values
 
-    def run_epoch(self) -> dict[str, Tensor]:
-        """Train the rest of the epoch and evaluate: ``train_loss`` and the validation metrics, each ``[F]``."""
-        metrics = {TRAIN_LOSS: self.train_epoch(), **self.evaluate()}
+    @property
+    def evaluation_steers_training(self) -> bool:
+        """Whether training reads each epoch's evaluation: a schedule follows the members' metric
+        (``ReduceLROnPlateau``)."""
+        return any(chunk.follows_metric for chunk in self.chunks)
+
+    def run_epoch(self, evaluate: bool = True) -> dict[str, Tensor]:
+        """Train the rest of the epoch and evaluate: ``train_loss`` and the validation metrics, each ``[F]``.
+        ``evaluate=False`` (only a later epoch's scores are read): the validation metrics are NaN, not computed,
+        unless :attr:`evaluation_steers_training`; training is the same either way (see :meth:`evaluate`)."""
+        train_loss = self.train_epoch()
+        if evaluate or self.evaluation_steers_training:
+            metrics = {TRAIN_LOSS: train_loss, **self.evaluate()}
+        else:
+            unread = torch.full_like(train_loss, torch.nan, dtype=torch.float64)
+            metrics = {TRAIN_LOSS: train_loss, **dict.fromkeys([VAL_LOSS, *self.spec.metrics], unread)}
         failed = [i for i, member in enumerate(self.member_ids) if member in self.member_errors]
         for values in metrics.values():
             values[failed] = torch.nan

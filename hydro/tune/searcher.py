@@ -510,7 +510,8 @@ class HydroSearcher(Searcher):
                              source=source, cpus=transfer.cpus)
             return {**plan.to_config(), **config}
         self.state.ledger.add_trial(trial_id, [m for m, _ in group])
-        plan = TrialPlan(TrialKind.SURROGATE, group, rung.scale, mup=True, reports_objective=False, cpus=transfer.cpus)
+        plan = TrialPlan(TrialKind.SURROGATE, group, rung.scale, mup=True, reports_objective=False,
+                         final_score_only=True, cpus=transfer.cpus)
         return {**_unset(self.state.space), **plan.to_config()}
 
     def _advance(self) -> None:

@@ -197,13 +197,16 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
              TRIAL_CPUS_KEY: resources.get("CPU", 0.0), TRIAL_GPUS_KEY: resources.get("GPU", 0.0), **timing}
     checkpoint_s = 0.0
     while trial.epoch < spec.epochs:
-        metrics = trial.run_epoch()
+        evaluated = (not session.plan.final_score_only or trial.epoch + 1 == spec.epochs
+                     or trial.evaluation_steers_training)
+        metrics = trial.run_epoch(evaluate=evaluated)
         extra.update(max_fusion=trial.max_fusion, data_wait_fraction=trial.data_wait_s / max(trial.train_s, 1e-9),
                      train_s=trial.train_s, eval_s=trial.eval_s, checkpoint_s=checkpoint_s, reported_at=time.time())
         if meter is not None:
             metrics = {**metrics, **meter.member_metrics(trial.member_ids)}
             extra.update(meter.trial_metrics())
-        keep = session.step(trial.epoch, metrics, final=trial.epoch == spec.epochs, extra=extra)
+        keep = session.step(trial.epoch, metrics, final=trial.epoch == spec.epochs, extra=extra,
+                            evaluated=evaluated)
         if keep and len(keep) < len(trial.member_ids):
             trial.keep(keep)
         if keep and trial.epoch % spec.checkpoint_every:  # keep is empty after the trial's last epoch
