@@ -1,5 +1,7 @@
 """The Ray Tune function trainable: trains one trial's members (the fused-trial unit,
-:class:`hydro.trial.unit.FusedTrial`) and reports per-member metrics every epoch.
+:class:`hydro.trial.unit.FusedTrial`) and reports per-member metrics every epoch (a ladder rung's trial,
+``TrialPlan.final_score_only``, evaluates only its last epoch: its earlier reports hold ``train_loss`` and NaN
+validation metrics).
 
 Surrogate trials (from a ``HydroSearcher``) train their members fused and shrunk; after each epoch the
 run's member-decision service says which members stop, and those are sliced out with their state
