@@ -18,24 +18,21 @@ average (``uptime``) before and after.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 from torch.utils.data import TensorDataset
 
+from benchmarks.setup_cost import report
 from hydro.trial.data import DatasetSource
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import digits_mlp
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 VARIANTS = ("loader", "tensors", "last-eval")
 
 
@@ -73,19 +70,10 @@ def main() -> int:
     per_epoch = {v: statistics.median(times[v]) / args.epochs for v in VARIANTS}
     rows = [{"variant": v, "epochs_per_s": 1 / per_epoch[v], "speedup": per_epoch["loader"] / per_epoch[v]}
             for v in VARIANTS]
-    load_after = os.getloadavg()
-    print(f"\nepochs of one fused trial ({args.members} members, S={args.scale}, {len(y)} training samples), "
-          f"{args.rounds} interleaved rounds (medians), {args.threads} torch thread(s), {os.cpu_count()} CPUs, load "
-          f"average {load_before[0]:.1f} before / {load_after[0]:.1f} after\n")
-    print(f"{'variant':<12} {'epochs/s':>9} {'x loader':>9}")
-    for row in rows:
-        print(f"{row['variant']:<12} {row['epochs_per_s']:9.2f} {row['speedup']:9.2f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "epoch_data.json"
-    out.write_text(json.dumps({"args": vars(args), "rows": rows, "times": times, "load_before": load_before,
-                               "load_after": load_after, "torch": torch.__version__, "python": sys.version.split()[0],
-                               "machine": platform.machine(), "cpus": os.cpu_count()}, indent=2))
-    print(f"\nwritten: {out}")
+    report("epoch_data", f"epochs of one fused trial ({args.members} members, S={args.scale}, {len(y)} training "
+           f"samples), {args.rounds} interleaved rounds (medians), {args.threads} torch thread(s)",
+           [("variant", "variant", "<12"), ("epochs_per_s", "epochs/s", "9.2f"), ("speedup", "x loader", "9.2f")],
+           rows, {"args": vars(args), "times": times}, load_before)
     return 0
 
 
