@@ -204,7 +204,7 @@ def on_device(sources: Sequence[DataSource], device: torch.device, budget_bytes:
     keys = {(source.key, device) for source in sources if isinstance(source, TensorSource)}
     for key in [key for key in _RESIDENT if key not in keys]:
         del _RESIDENT[key]
-    moved = [_RESIDENT[source.key, device] if (getattr(source, "key", None), device) in _RESIDENT
+    moved = [_RESIDENT[source.key, device] if isinstance(source, TensorSource) and (source.key, device) in _RESIDENT
              else source.to(device) for source in sources]
     if device.type == "cuda":
         limit = budget_bytes if budget_bytes is not None else torch.cuda.get_device_properties(device).total_memory
