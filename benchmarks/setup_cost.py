@@ -73,19 +73,31 @@ def main() -> int:
     if times["plain"]:
         rows.append({"variant": f"{args.members} members S={args.scale}, one by one",
                      "seconds": statistics.median(times["plain"]), "ratio": statistics.median(times["plain"]) / full})
+    report("setup_cost", f"set-up cost, {args.rounds} interleaved rounds (medians), {args.threads} torch thread(s)",
+           [("variant", "variant", "<52"), ("seconds", "seconds", "8.3f"), ("ratio", "x full", "8.1f")], rows,
+           {"args": vars(args), "times": times}, load_before)
+    return 0
+
+
+def report(name: str, title: str, columns: list[tuple[str, str, str]], rows: list[dict], record: dict,
+           load_before: tuple[float, float, float]) -> Path:
+    """Print ``title`` with the CPU count and the load average (``load_before`` and now), then ``rows`` as a table of
+    ``columns`` (key, header, format spec), and write them with ``record``, torch's and Python's versions and the
+    machine as ``benchmarks/results/<name>.json``; returns its path."""
     load_after = os.getloadavg()
-    print(f"\nset-up cost, {args.rounds} interleaved rounds (medians), {args.threads} torch thread(s), "
-          f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before / {load_after[0]:.1f} after\n")
-    print(f"{'variant':<52} {'seconds':>8} {'x full':>8}")
+    print(f"\n{title}, {os.cpu_count()} CPUs, load average {load_before[0]:.1f} before / {load_after[0]:.1f} after\n")
+    widths = [spec.lstrip("<>").split(".")[0] for _, _, spec in columns]
+    print(" ".join(f"{header:{'<' if spec.startswith('<') else '>'}{width}}"
+                   for (_, header, spec), width in zip(columns, widths)))
     for row in rows:
-        print(f"{row['variant']:<52} {row['seconds']:8.3f} {row['ratio']:8.1f}")
+        print(" ".join(f"{row[key]:{spec}}" for key, _, spec in columns))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "setup_cost.json"
-    out.write_text(json.dumps({"args": vars(args), "rows": rows, "times": times, "load_before": load_before,
-                               "load_after": load_after, "torch": torch.__version__, "python": sys.version.split()[0],
+    out = RESULTS / f"{name}.json"
+    out.write_text(json.dumps({**record, "rows": rows, "load_before": load_before, "load_after": load_after,
+                               "torch": torch.__version__, "python": sys.version.split()[0],
                                "machine": platform.machine(), "cpus": os.cpu_count()}, indent=2))
     print(f"\nwritten: {out}")
-    return 0
+    return out
 
 
 def _timed(build):

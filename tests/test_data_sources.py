@@ -3,11 +3,14 @@ LoaderFactory with the user's own DataLoader, and an iterable Dataset train the 
 path does (weights equal bit for bit after 2 epochs), and a trial restored mid-epoch replays exactly."""
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from hydro.trial.data import LoaderFactory, batch_order
+from hydro.trial import data as data_module
+from hydro.trial.data import DatasetSource, LoaderFactory, TensorSource, as_source, batch_order, on_device
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
 from tests.tune.workload import small_digits, spec
@@ -90,6 +93,30 @@ def test_a_trial_restored_mid_epoch_replays_exactly(kind):
     for want in expected:
         got = moved.run_epoch()
         assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_tensor_dataset_trains_as_its_tensors_bit_for_bit_without_a_loader(monkeypatch):
+    (x, y), (vx, vy) = small_digits()
+    workload = spec(epochs=2, seed=SEED)
+    loaded = FusedTrial(workload, PLAN, (DatasetSource(TensorDataset(x, y)), DatasetSource(TensorDataset(vx, vy))))
+    expected = [loaded.run_epoch() for _ in range(2)]  # a DataLoader per epoch and per evaluation
+    built = []
+    monkeypatch.setattr(data_module, "DataLoader", lambda *args, **kwargs: built.append(args) or DataLoader(*args,
+                                                                                                           **kwargs))
+    trial = FusedTrial(workload, PLAN, (TensorDataset(x, y), TensorDataset(vx, vy)))
+    metrics = [trial.run_epoch() for _ in range(2)]
+    assert all(isinstance(source, TensorSource) for source in trial.data) and not built
+    weights = loaded.members.model.state_dict()
+    assert all(torch.equal(value, weights[name]) for name, value in trial.members.model.state_dict().items())
+    assert all(torch.equal(got[k], want[k]) for got, want in zip(metrics, expected) for k in want)
+
+
+def test_an_in_memory_split_keeps_its_key_when_pickled_or_moved_and_stays_nowhere_on_a_cpu():
+    source = as_source(small_digits()[0], "train")
+    assert pickle.loads(pickle.dumps(source)).key == source.key  # a Ray worker's copy of the driver's split
+    assert source.to(torch.device("meta")).key == source.key
+    assert as_source(small_digits()[0], "train").key != source.key  # loaded again: another split
+    assert on_device([source], torch.device("cpu"))[0] is source and not data_module._RESIDENT
 
 
 def test_bad_splits_and_batches_name_the_fix():

@@ -442,3 +442,11 @@ def test_ladder_seeds_and_top_k_on_a_local_cluster(ray_cluster, tmp_path):
     report = searcher.transfer_report()
     assert f"full size: {best['value']:.4g}" in report and "S=4: " in report and "S=2: " in report
     assert math.isfinite(best["value"])
+    for r in results:  # the rung (S=2) evaluates only its last epoch; its first still reports the training loss
+        plan, rows = r.config["hydro"], r.metrics_dataframe.sort_values("epoch")
+        if plan.kind == "surrogate":
+            for member in plan.member_ids:
+                first, last = rows.iloc[0], rows.iloc[-1]
+                assert math.isfinite(first[f"members/{member}/train_loss"])
+                assert math.isnan(first[f"members/{member}/val_acc"]) == (plan.scale == 2)
+                assert math.isfinite(last[f"members/{member}/val_acc"])

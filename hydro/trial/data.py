@@ -5,21 +5,27 @@ map-style ``Dataset``s, iterable ``Dataset``s, or a map-style dataset with the u
 Every member of a fused trial trains on the same batch (one load for F models). Training batches follow
 :func:`batch_order` of (seed, epoch) wherever the source allows it (tensors, map-style datasets, loader
 factories), so a retried or restored trial replays exactly, and the three give the same batches bit for bit;
-an iterable dataset is batched in its own order (its ``set_epoch(epoch)`` is called when it has one).
+an iterable dataset is batched in its own order (its ``set_epoch(epoch)`` is called when it has one). A
+``TensorDataset`` of (inputs, targets) is taken as its tensors (the same batches, without a loader).
+
+In-memory splits moved to a GPU stay there for the process's next trials of the same splits (:func:`on_device`):
+Ray runs a run's trials one after another in the same worker processes.
 """
 from __future__ import annotations
 
 import itertools
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 Batch = tuple[Tensor, Tensor]
 EVAL_BATCH = 256  # on a CPU, validation batches hold at least this many samples
+RESIDENT_SHARE = 0.25  # in-memory splits stay on a GPU between trials while they take at most this share of it
 
 
 def eval_batch_size(batch_size: int, device: torch.device) -> int:
@@ -78,20 +84,25 @@ class DataSource(ABC):
 class TensorSource(DataSource):
     """In-memory ``(inputs [N, ...], targets [N, ...])``: batches are index selections on the device."""
 
-    def __init__(self, x: Tensor, y: Tensor) -> None:
+    def __init__(self, x: Tensor, y: Tensor, key: str | None = None) -> None:
         if len(x) != len(y):
             raise ValueError(f"hydro.trial.data: inputs hold {len(x)} samples but targets {len(y)}; pass "
                              f"(inputs [N, ...], targets [N, ...]) of the same N")
         self.x, self.y = x, y
+        self.key = key or uuid.uuid4().hex  # the same in every copy of this source (pickled to Ray's workers)
 
     def __len__(self) -> int:
         return len(self.y)
+
+    @property
+    def nbytes(self) -> int:
+        return self.x.nbytes + self.y.nbytes
 
     def num_batches(self, batch_size: int) -> int:
         return -(-len(self) // batch_size)
 
     def to(self, device: torch.device) -> TensorSource:
-        return self if self.x.device == device else TensorSource(self.x.to(device), self.y.to(device))
+        return self if self.x.device == device else TensorSource(self.x.to(device), self.y.to(device), self.key)
 
     def train_batches(self, batch_size, seed, epoch, start, device):
         order = batch_order(seed, epoch, len(self))
@@ -161,6 +172,8 @@ def as_source(split, name: str, workers: int = 0) -> DataSource:
     ``.x``/``.y``, a map-style or iterable ``Dataset``, or a :class:`LoaderFactory`."""
     if isinstance(split, DataSource):
         source = split
+    elif isinstance(split, TensorDataset) and len(split.tensors) == 2:
+        source = TensorSource(*split.tensors)
     elif isinstance(split, IterableDataset):
         source = IterableSource(split, workers)
     elif isinstance(split, Dataset):
@@ -177,6 +190,28 @@ def as_source(split, name: str, workers: int = 0) -> DataSource:
     if source.num_batches(1) == 0:  # (None: an iterable dataset, its length unknown)
         raise ValueError(f"hydro.trial.data: the {name} split of TuneSpec.data() holds no samples")
     return source
+
+
+_RESIDENT: dict[tuple[str, torch.device], TensorSource] = {}  # the splits of this process's last GPU trial
+
+
+def on_device(sources: Sequence[DataSource], device: torch.device, budget_bytes: int | None = None
+              ) -> list[DataSource]:
+    """``sources`` for training on ``device``. On a GPU, in-memory splits (:class:`TensorSource`) that together
+    take at most ``RESIDENT_SHARE`` of ``budget_bytes`` (the trial's memory; ``None``: the device's) stay there
+    for this process's next trials: a later trial of the same splits (the same ``key``) trains on them without
+    copying them again. Only the last trial's splits stay (a trial of other splits releases them first)."""
+    keys = {(source.key, device) for source in sources if isinstance(source, TensorSource)}
+    for key in [key for key in _RESIDENT if key not in keys]:
+        del _RESIDENT[key]
+    moved = [_RESIDENT[source.key, device] if isinstance(source, TensorSource) and (source.key, device) in _RESIDENT
+             else source.to(device) for source in sources]
+    if device.type == "cuda":
+        limit = budget_bytes if budget_bytes is not None else torch.cuda.get_device_properties(device).total_memory
+        resident = [source for source in moved if isinstance(source, TensorSource)]
+        if sum(source.nbytes for source in resident) <= RESIDENT_SHARE * limit:
+            _RESIDENT.update(((source.key, device), source) for source in resident)
+    return moved
 
 
 def _on(tensor: Tensor, device: torch.device) -> Tensor:

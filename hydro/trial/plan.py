@@ -28,6 +28,8 @@ class TrialPlan:
     (surrogates with ``scale > 1`` and the target of such a run); ``decisions``: name of the per-member
     stopping service, if any; ``reports_objective``: whether the trial-level objective is the best member's
     value (False for surrogates of a run with a target: the run's best result is then the target's);
+    ``final_score_only``: only the last epoch's validation metrics are read (ladder rungs: no per-member
+    stopping, no inner searcher, no trial-level objective), so earlier epochs skip evaluation;
     ``cpus``: CPUs the trial asks Ray for and trains with (torch threads), ``None``: the trainable's request."""
 
     kind: TrialKind
@@ -36,6 +38,7 @@ class TrialPlan:
     mup: bool = False
     decisions: str | None = None
     reports_objective: bool = True
+    final_score_only: bool = False
     source: dict = field(default_factory=dict)
     cpus: int | None = None
 

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from hydro.loss import LossError, loss_on, trial_losses
 from hydro.trial.backend import batch_in, check_cuda_graphs, set_backend_flags, to_memory_format
-from hydro.trial.data import Batch, DataSource, as_source, batch_order, eval_batch_size
+from hydro.trial.data import Batch, DataSource, as_source, batch_order, eval_batch_size, on_device
 from hydro.trial.device import resolve_device
 from hydro.trial.members import Members, build_members
 from hydro.trial.memory import MemoryBudget, is_out_of_memory
@@ -91,8 +91,9 @@ class FusedTrial:
         self.spec, self.plan = spec, plan
         self.device = resolve_device(spec.device) if device is None else torch.device(device)
         start = time.perf_counter()
-        self.data: tuple[DataSource, DataSource] = tuple(
-            as_source(split, name, spec.data_workers).to(self.device) for split, name in zip(data, ("train", "val")))
+        self.data: tuple[DataSource, DataSource] = tuple(on_device(
+            [as_source(split, name, spec.data_workers) for split, name in zip(data, ("train", "val"))], self.device,
+            spec.memory_budget_bytes if memory_budget_bytes is None else memory_budget_bytes))
         self.data_setup_s = time.perf_counter() - start
         check_cuda_graphs(spec.cuda_graphs, self.device)
         set_backend_flags(self.device, spec.tf32, spec.cudnn_benchmark)
@@ -269,7 +270,14 @@ class FusedTrial:
     @torch.no_grad()
     def evaluate(self) -> dict[str, Tensor]:
         """``val_loss`` and every metric of ``spec.metrics`` per member, each ``[F]``: means over the
-        validation split in chunks (weighted by chunk size, so exact for metrics that are means over samples)."""
+        validation split in chunks (weighted by chunk size, so exact for metrics that are means over samples).
+        Training's random streams (torch's CPU RNG and the device's) are left as they were: whether an epoch is
+        evaluated never changes what training draws (a model's randomness in eval mode, random validation
+        transforms)."""
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            return self._evaluate()
+
+    def _evaluate(self) -> dict[str, Tensor]:
         start = time.perf_counter()
         for chunk in self.chunks:
             chunk.train(False)
@@ -359,9 +367,22 @@ class FusedTrial:
                 values.append(None)
         return values
 
-    def run_epoch(self) -> dict[str, Tensor]:
-        """Train the rest of the epoch and evaluate: ``train_loss`` and the validation metrics, each ``[F]``."""
-        metrics = {TRAIN_LOSS: self.train_epoch(), **self.evaluate()}
+    @property
+    def evaluation_steers_training(self) -> bool:
+        """Whether training reads each epoch's evaluation: a schedule follows the members' metric
+        (``ReduceLROnPlateau``)."""
+        return any(chunk.follows_metric for chunk in self.chunks)
+
+    def run_epoch(self, evaluate: bool = True) -> dict[str, Tensor]:
+        """Train the rest of the epoch and evaluate: ``train_loss`` and the validation metrics, each ``[F]``.
+        ``evaluate=False`` (only a later epoch's scores are read): the validation metrics are NaN, not computed,
+        unless :attr:`evaluation_steers_training`; training is the same either way (see :meth:`evaluate`)."""
+        train_loss = self.train_epoch()
+        if evaluate or self.evaluation_steers_training:
+            metrics = {TRAIN_LOSS: train_loss, **self.evaluate()}
+        else:
+            unread = torch.full_like(train_loss, torch.nan, dtype=torch.float64)
+            metrics = {TRAIN_LOSS: train_loss, **dict.fromkeys([VAL_LOSS, *self.spec.metrics], unread)}
         failed = [i for i, member in enumerate(self.member_ids) if member in self.member_errors]
         for values in metrics.values():
             values[failed] = torch.nan

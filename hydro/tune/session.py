@@ -93,16 +93,18 @@ class MemberSession:
         return self.plan.mup
 
     def step(self, epoch: int, metrics: Mapping[str, Sequence[float] | torch.Tensor], final: bool = False,
-             extra: Mapping | None = None) -> list[int]:
+             extra: Mapping | None = None, evaluated: bool = True) -> list[int]:
         """Record each member's ``metrics`` (name -> ``[F]`` values in ``member_ids`` order) for ``epoch``, ask
         which members stop, and return the positions of those that go on (none after the ``final`` epoch). A
         member whose ``train_loss`` or ``val_loss`` is NaN or inf diverged: all its metrics are NaN, the worst
-        value for stopping and ranking whatever the tuned metric."""
+        value for stopping and ranking whatever the tuned metric. ``evaluated=False``: the epoch's validation
+        metrics were not computed (NaN); only ``train_loss`` says whether a member diverged."""
         if self.metric not in metrics:
             raise KeyError(f"the tuned metric {self.metric!r} is not among the reported metrics {sorted(metrics)}")
         results = {m: {k: float(v[i]) for k, v in metrics.items()} for i, m in enumerate(self.member_ids)}
+        checked = (TRAIN_LOSS, VAL_LOSS) if evaluated else (TRAIN_LOSS,)
         for result in results.values():
-            if not all(math.isfinite(result[k]) for k in (TRAIN_LOSS, VAL_LOSS) if k in result):
+            if not all(math.isfinite(result[k]) for k in checked if k in result):
                 result.update(dict.fromkeys(metrics, math.nan))  # diverged: e.g. the accuracy of NaN logits is noise
             result.update(epoch=epoch, training_iteration=epoch)
         self._names = [*metrics, "epoch", "training_iteration"]

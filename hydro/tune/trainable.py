@@ -1,5 +1,7 @@
 """The Ray Tune function trainable: trains one trial's members (the fused-trial unit,
-:class:`hydro.trial.unit.FusedTrial`) and reports per-member metrics every epoch.
+:class:`hydro.trial.unit.FusedTrial`) and reports per-member metrics every epoch (a ladder rung's trial,
+``TrialPlan.final_score_only``, evaluates only its last epoch: its earlier reports hold ``train_loss`` and NaN
+validation metrics).
 
 Surrogate trials (from a ``HydroSearcher``) train their members fused and shrunk; after each epoch the
 run's member-decision service says which members stop, and those are sliced out with their state
@@ -197,13 +199,16 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
              TRIAL_CPUS_KEY: resources.get("CPU", 0.0), TRIAL_GPUS_KEY: resources.get("GPU", 0.0), **timing}
     checkpoint_s = 0.0
     while trial.epoch < spec.epochs:
-        metrics = trial.run_epoch()
+        evaluated = (not session.plan.final_score_only or trial.epoch + 1 == spec.epochs
+                     or trial.evaluation_steers_training)
+        metrics = trial.run_epoch(evaluate=evaluated)
         extra.update(max_fusion=trial.max_fusion, data_wait_fraction=trial.data_wait_s / max(trial.train_s, 1e-9),
                      train_s=trial.train_s, eval_s=trial.eval_s, checkpoint_s=checkpoint_s, reported_at=time.time())
         if meter is not None:
             metrics = {**metrics, **meter.member_metrics(trial.member_ids)}
             extra.update(meter.trial_metrics())
-        keep = session.step(trial.epoch, metrics, final=trial.epoch == spec.epochs, extra=extra)
+        keep = session.step(trial.epoch, metrics, final=trial.epoch == spec.epochs, extra=extra,
+                            evaluated=evaluated)
         if keep and len(keep) < len(trial.member_ids):
             trial.keep(keep)
         if keep and trial.epoch % spec.checkpoint_every:  # keep is empty after the trial's last epoch
