@@ -55,8 +55,9 @@ class PlacementService:
         are busy."""
         self.needs[trial_id] = TrialNeeds(trial_id, memory_bytes, rung, dedicated_only)
         self.evicted.pop(trial_id, None)
-        if trial_id in self.assigned:  # e.g. promoted while its job ended: it already has a slot
+        if self.assigned.get(trial_id) in self.policy.slots:  # e.g. promoted while its job ended: it has a slot
             return self.assignment(trial_id)
+        self.assigned.pop(trial_id, None)  # a slot of a job that ended while the unit was leaving it
         slot = self.policy.place(self.needs[trial_id])
         if slot is None:
             return None
@@ -124,7 +125,9 @@ class PlacementService:
         """The host of ``slot_name`` died: drop its slot (a pipeline job with a dead stage: all its slots);
         trials there continue elsewhere from what they have."""
         slot = self.policy.slots.get(slot_name)
-        if slot is None:
+        if slot is None:  # gone already, or a stage of an ending job that died before handing its trial back
+            if slot_name in self.ending.get(slot_name.rpartition("/")[0], {}):
+                self.slot_ended(slot_name, None)
             return
         if slot.job is not None:
             self.job_ended(slot.job, {})
