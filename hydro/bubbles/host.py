@@ -22,6 +22,7 @@ from hydro.trial.plan import TrialPlan
 
 from .fill_process import FillFailed, FillFailure, FillProcess, FillTooLarge, start_fill_server
 from .gate import BubbleGate
+from .hooks import BubbleRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,23 @@ class FillHost:
 
 def _failed(failure: FillFailure) -> dict:
     return {"failed": failure.cause, "failure": failure}
+
+
+class GatedHost(FillHost):
+    """The host of a pipeline stage: :attr:`recorder` is the stage's :class:`~hydro.bubbles.hooks.BubbleListener`
+    (it records the bubbles and forwards them to the hosted fill's gate). Fill modes: ``GATED`` (inside bubbles
+    only) and ``NAIVE`` (alongside the stage, for contrast)."""
+
+    modes = (SlotMode.GATED, SlotMode.NAIVE)
+
+    def __init__(self, name: str, cpus: set[int] | None, fill_memory_bytes: int | None,
+                 timeouts: dict | None = None, preload: Sequence[str] = ()) -> None:
+        super().__init__(name, cpus, fill_memory_bytes, timeouts, preload)
+        self.recorder = BubbleRecorder(self.gate)
+
+    def _set_gate(self, gate: BubbleGate) -> None:
+        self.gate = gate
+        self.recorder.listeners = [gate]
 
 
 class DedicatedHost(FillHost):

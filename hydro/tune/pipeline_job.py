@@ -20,9 +20,7 @@ import ray
 import torch
 from ray import cloudpickle
 
-from hydro.bubbles.gate import BubbleGate
-from hydro.bubbles.host import DedicatedHost, FillHost, SlotMode
-from hydro.bubbles.hooks import BubbleRecorder
+from hydro.bubbles.host import DedicatedHost, GatedHost, SlotMode
 from hydro.bubbles.schedule import one_f_one_b
 from hydro.bubbles.stage import PipelineSpec, PipelineStage
 from hydro.energy.device import EnergyDevice
@@ -36,11 +34,8 @@ from hydro.trial.spec import TuneSpec
 FILL_PRELOAD = ("ray", "ray.tune")
 
 
-class StageHost(FillHost):
-    """The body of a stage actor (plain class; Ray wraps it in :func:`stage_actor`). Fill modes: ``GATED``
-    (inside bubbles only) and ``NAIVE`` (alongside the stage, for contrast)."""
-
-    modes = (SlotMode.GATED, SlotMode.NAIVE)
+class StageHost(GatedHost):
+    """The body of a stage actor (plain class; Ray wraps it in :func:`stage_actor`)."""
 
     def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, fill_memory_bytes: int | None,
                  timeouts: dict | None = None):
@@ -48,7 +43,6 @@ class StageHost(FillHost):
         cores = sorted(os.sched_getaffinity(0))
         super().__init__(f"stage {stage}", {cores[stage % len(cores)]}, fill_memory_bytes, timeouts,  # shares the core
                          preload=FILL_PRELOAD)
-        self.recorder = BubbleRecorder(self.gate)
         self.spec, self.rank, self.num_stages = spec, stage, num_stages
         self.stage: PipelineStage | None = None  # once connected
 
@@ -102,10 +96,6 @@ class StageHost(FillHost):
                 with self.fill_lock:
                     report["fill_activity"] = [a for a in fill.activity() if a[0] >= started]
         return report
-
-    def _set_gate(self, gate: BubbleGate) -> None:
-        self.gate = gate
-        self.recorder.listeners = [gate]
 
     def iteration(self) -> int:
         """Iterations this stage has run."""
