@@ -5,7 +5,7 @@ host's cores, sized to the memory the host can spare. Nothing of the fill trial 
 process: torch.fx tracing (fusing) patches ``nn.Module.__call__`` process-wide and would break the modules
 a stage runs meanwhile, and the user's code may raise, crash or hang. A fill that fails is detached at once
 (the slot can host a new one) and its cause is kept for the next :meth:`FillHost.fill_status`.
-:class:`~hydro.tune.pipeline_job.StageHost` gates it by the stage's bubbles; :class:`DedicatedHost` (a worker
+:class:`~hydro.tune.pipeline.job.StageHost` gates it by the stage's bubbles; :class:`DedicatedHost` (a worker
 of its own) lets it run freely.
 """
 from __future__ import annotations
@@ -17,12 +17,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
+from hydro.pipeline.hooks import BubbleRecorder
 from hydro.planning import free_memory_bytes
 from hydro.trial.plan import TrialPlan
 
 from .fill_process import FillFailed, FillFailure, FillProcess, FillTooLarge, start_fill_server
 from .gate import BubbleGate
-from .hooks import BubbleRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def _failed(failure: FillFailure) -> dict:
 
 
 class GatedHost(FillHost):
-    """The host of a pipeline stage: :attr:`recorder` is the stage's :class:`~hydro.bubbles.hooks.BubbleListener`
+    """The host of a pipeline stage: :attr:`recorder` is the stage's :class:`~hydro.pipeline.hooks.BubbleListener`
     (it records the bubbles and forwards them to the hosted fill's gate). Fill modes: ``GATED`` (inside bubbles
     only) and ``NAIVE`` (alongside the stage, for contrast)."""
 

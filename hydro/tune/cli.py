@@ -17,13 +17,13 @@ import traceback
 import pandas as pd
 
 from hydro.cli import UsageError, at_least, checked
-from hydro.tune import energy_scheduler
-from hydro.tune.cluster_auth import token_refused
+from hydro.tune.energy import scheduler as energy_scheduler
+from hydro.tune.cluster.auth import token_refused
 from hydro.tune.examples import EXAMPLES
 from hydro.trial.check import describe
 from hydro.trial.spec import TuneSpec
 from hydro.trial.plan import TrialKind
-from hydro.tune.ray_output import ray_output
+from hydro.tune.cluster.output import ray_output
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
 from hydro.tune.run import (PACKAGE_ROOT, TuningFailed, asha, check_arguments, check_run_dir, check_storage, fit,
                             optuna_tpe, prepare, resume, start_local_cluster)

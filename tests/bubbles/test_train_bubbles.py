@@ -77,7 +77,7 @@ def test_ray_train_pipeline_stages_host_fill_trials_and_lose_no_member(service, 
 def test_a_relay_whose_worker_stops_taking_calls_reports_its_slot_lost_and_fails_the_callers(service):
     """A worker that is alive but takes no calls (nothing polls the relay here): after ``lost_after_s`` the waiting
     call fails as if the host had died, and the job's slots are gone (their units continue elsewhere)."""
-    from hydro.tune.train_bubbles import SlotRelay
+    from hydro.tune.bubbles.ray_train import SlotRelay
 
     ray.get(service.register_stage.remote("silent", 0, 0.5, 1 << 30, "hydro-bubbles/silent/0"))
     relay = ray.remote(num_cpus=0)(SlotRelay).options(name="hydro-bubbles/silent/0").remote("silent/0", 1.0)

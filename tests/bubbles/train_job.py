@@ -8,7 +8,7 @@ import ray
 import torch
 from torch import nn
 
-from hydro.tune.train_bubbles import bubble_slots
+from hydro.tune.bubbles.ray_train import bubble_slots
 
 DEADLINE_S = 300.0  # the job stops by itself after this long (a test that failed to stop it never hangs)
 MICROBATCHES, WIDTH = 4, 256

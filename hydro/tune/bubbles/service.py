@@ -1,7 +1,7 @@
 """The placement service: a named Ray actor around :class:`~schedulers.bubbles.BubblePlacement`.
 
 Pipeline jobs register their stages (bubble slots), dedicated workers register as dedicated slots, and the
-units of fill trials (see :mod:`hydro.tune.fill_trainable`; a Tune trial has one unit per slot it needs, keyed
+units of fill trials (see :mod:`hydro.tune.bubbles.fill_trainable`; a Tune trial has one unit per slot it needs, keyed
 ``<trial id>#<i>``) ask it where to run. It also keeps what a unit needs when its slot goes away: the state a
 pipeline job hands back when it ends, or the slot a late-stage trial was promoted to.
 """
@@ -44,7 +44,7 @@ class PlacementService:
 
     def register_stage(self, job: str, stage: int, bubble_fraction: float, free_bytes: int, host: str) -> None:
         """One stage of ``job`` as the bubble slot ``<job>/<stage>`` (for jobs whose stages register themselves,
-        e.g. from a Ray Train worker: :mod:`hydro.tune.train_bubbles`)."""
+        e.g. from a Ray Train worker: :mod:`hydro.tune.bubbles.ray_train`)."""
         self.policy.add_slot(Slot(f"{job}/{stage}", False, free_bytes, bubble_fraction, job=job, host=host))
 
     def add_dedicated(self, name: str, free_bytes: int, host: str) -> None:

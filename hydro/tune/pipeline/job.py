@@ -1,7 +1,7 @@
 """A pipeline-parallel job whose stages are Ray actors, each able to host a fill trial in its bubbles.
 
 Each stage actor joins a NCCL process group when it has a GPU (``num_gpus_per_stage``), gloo otherwise, runs
-1F1B iterations (:class:`~hydro.bubbles.stage.PipelineStage`) on its device and reports its operations and
+1F1B iterations (:class:`~hydro.pipeline.stage.PipelineStage`) on its device and reports its operations and
 bubbles. ``attach_fill`` co-locates a Hydro fused trial with the stage, in a process of its own on the stage's
 core (:class:`~hydro.bubbles.fill_process.FillProcess`): ``SlotMode.GATED`` runs it only inside bubbles, layer
 by layer, under ``SCHED_IDLE``; ``SlotMode.NAIVE`` lets it run alongside at normal priority (for contrast).
@@ -21,8 +21,8 @@ import torch
 from ray import cloudpickle
 
 from hydro.bubbles.host import DedicatedHost, GatedHost, SlotMode
-from hydro.bubbles.schedule import one_f_one_b
-from hydro.bubbles.stage import PipelineSpec, PipelineStage
+from hydro.pipeline.schedule import one_f_one_b
+from hydro.pipeline.stage import PipelineSpec, PipelineStage
 from hydro.energy.device import EnergyDevice
 from hydro.trial.plan import TrialPlan
 from hydro.trial.spec import TuneSpec

@@ -4,7 +4,7 @@ A ``TorchTrainer`` worker running one stage of a single-stage ``torch.distribute
 (``ScheduleGPipe``, ``Schedule1F1B``) calls :func:`bubble_slots` once; the returned :class:`BubbleSlots` runs the
 schedule's ``step`` with every wait announced as a bubble (:class:`~hydro.bubbles.pipelining.PipeliningBubbles`)
 to a :class:`~hydro.bubbles.host.GatedHost` in the worker's process, and after ``measure_steps`` steps registers the
-stage with the placement service (:mod:`hydro.tune.bubble_service`) as the bubble slot ``<job>/<stage>``.
+stage with the placement service (:mod:`hydro.tune.bubbles.service`) as the bubble slot ``<job>/<stage>``.
 
 Hydro's fill trials reach the host through a named relay actor, ``hydro-bubbles/<job>/<stage>``, with the host's
 interface: the relay queues each call, a thread in the worker takes the calls (long polls) and runs them on the
@@ -29,8 +29,8 @@ import torch
 
 from hydro.bubbles.host import GatedHost
 from hydro.bubbles.pipelining import PipeliningBubbles
-from hydro.tune.bubble_service import SERVICE_NAME
-from hydro.tune.pipeline_job import FILL_PRELOAD
+from hydro.tune.bubbles.service import SERVICE_NAME
+from hydro.tune.pipeline.job import FILL_PRELOAD
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class BubbleSlots:
             self.service = ray.get_actor(SERVICE_NAME)
         except ValueError:
             raise RuntimeError("hydro.tune.bubble_slots: no placement service on this cluster to register the stage "
-                               "with; start it (hydro.tune.bubble_service.placement_service()) before the "
+                               "with; start it (hydro.tune.bubbles.service.placement_service()) before the "
                                "TorchTrainer") from None
         if measure_steps < 1:
             raise ValueError(f"hydro.tune.bubble_slots: measure_steps must be at least 1, got {measure_steps}")
