@@ -16,8 +16,8 @@ import traceback
 
 import pandas as pd
 
-from hydro.cli import UsageError, at_least, checked
-from hydro.tune.energy import scheduler as energy_scheduler
+from hydro.cli_options import UsageError, at_least, checked
+from hydro.tune.energy import options as energy_options
 from hydro.tune.cluster.auth import token_refused
 from hydro.tune.examples import EXAMPLES
 from hydro.trial.check import describe
@@ -99,7 +99,7 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                         help="also Ray's trial table and log lines, and every member row (default: Hydro's member "
                              f"progress and the top {TOP_ROWS} rows; all of them are in {MEMBER_TABLE_FILE})")
     _add_transfer_arguments(parser)
-    energy_scheduler.add_arguments(parser)
+    energy_options.add_arguments(parser)
     parser.add_argument("--bubbles", action="store_true",
                         help="run the fused trials in the bubbles of the pipeline jobs registered with the cluster's "
                              "placement service (late-stage trials and the target on its dedicated workers); needs "
@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(f"hydro tune: {error}") from None
     job = args.name or args.example or os.path.basename(args.workload)
-    energy = energy_scheduler.settings_from_args(args, spec, job)
+    energy = energy_options.settings_from_args(args, spec, job)
     start = time.perf_counter()
     try:  # before Ray starts
         check_arguments(spec, space, energy=energy, bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
