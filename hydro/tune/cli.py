@@ -18,6 +18,7 @@ import pandas as pd
 
 from hydro.cli_options import UsageError, at_least, checked
 from hydro.tune.energy import options as energy_options
+from hydro.tune.cluster import ray_internals
 from hydro.tune.cluster.auth import token_refused
 from hydro.tune.examples import EXAMPLES
 from hydro.trial.check import describe
@@ -317,19 +318,15 @@ def connect(address: str | None) -> bool:
         return False
     if address or os.environ.get("RAY_ADDRESS"):
         # As `ray start` does: RAY_AUTH_MODE unset and a token on this machine -> token authentication.
-        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
-        from ray._private.authentication.authentication_utils import is_token_auth_enabled
-        from ray._raylet import AuthenticationTokenLoader
-
         where = address or os.environ["RAY_ADDRESS"]
         _reachable(where)
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        ray_internals.enable_token_auth_if_token_available()
         if token_refused(where):
-            has_token = is_token_auth_enabled() and AuthenticationTokenLoader.instance().has_token()
+            has_token = ray_internals.token_auth_enabled() and ray_internals.has_token()
             refused = "refused this machine's Ray token" if has_token else "wants a token and this machine has none"
             raise UsageError(f"hydro tune: the Ray cluster at {where} {refused}; put the cluster's token in "
                              f"~/.ray/auth_token here (or $RAY_AUTH_TOKEN)")
-        if not is_token_auth_enabled():
+        if not ray_internals.token_auth_enabled():
             logger.warning("hydro tune: joining the Ray cluster at %s without authentication: anyone who can reach "
                            "its ports can run code on it; start it with token authentication (RAY_AUTH_MODE=token "
                            "ray start --head ...; its token in ~/.ray/auth_token here) or bind it to 127.0.0.1", where)

@@ -18,6 +18,7 @@ from hydro.energy.tuning import EnergySettings
 from hydro.trial.check import WorkloadError, check_any_workload, check_group_by, describe
 from hydro.trial.data import DataSource
 from hydro.trial.spec import TuneSpec
+from hydro.tune.cluster import ray_internals
 from hydro.tune.cluster import sessions as ray_sessions
 from hydro.tune.bubbles.scheduler import BubbleScheduler
 from hydro.tune.energy.scheduler import check_batch_sizes, for_hydro
@@ -60,9 +61,10 @@ def start_local_cluster() -> None:
     exit it is shut down and its session folder removed. Its session folder is marked as this driver's, with a
     watchdog that cleans it up should this process be killed; sessions earlier Hydro drivers left behind that way
     are cleaned here too (:mod:`hydro.tune.cluster.sessions`)."""
-    _loopback_only()
+    ray_internals.bind_local_cluster_to_loopback()
     ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
-    session_dir = ray._private.worker._global_node.get_session_dir_path()
+    context = ray.get_runtime_context()
+    session_dir = os.path.join(context.get_temp_dir(), context.get_session_name())
     ray_sessions.mark(session_dir)
     ray_sessions.spawn_watchdog(session_dir)
     ray_sessions.sweep(os.path.dirname(session_dir))
@@ -80,17 +82,6 @@ def worker_pythonpath(root: str = PACKAGE_ROOT, environ: Mapping[str, str] = os.
     driver's own entries. A runtime env's ``env_vars`` replace a variable rather than extend it, so passing
     ``root`` alone would hide the user's modules (and any packages installed there) from the trials."""
     return os.pathsep.join([root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
-
-
-def _loopback_only() -> None:
-    """Make the local cluster this process starts listen on 127.0.0.1 only (GCS, raylet, workers, agents): Ray
-    does so when it is not to form a multi-node cluster (its macOS/Windows default), read from the environment
-    by its processes and from ``ray_constants`` by this one (``ray.init(_node_ip_address="127.0.0.1")`` is
-    turned into the machine's address and binds every interface)."""
-    from ray._private import ray_constants
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def asha(spec: TuneSpec) -> ASHAScheduler:
