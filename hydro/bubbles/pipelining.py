@@ -35,7 +35,7 @@ class PipeliningBubbles:
         if not callable(getattr(schedules, "_wait_batch_p2p", None)):
             raise RuntimeError("hydro.bubbles.PipeliningBubbles: this torch has no "
                                "torch.distributed.pipelining.schedules._wait_batch_p2p to hook; use "
-                               "hydro.bubbles.PipelineStage, or call the BubbleListener around the waits yourself")
+                               "hydro.pipeline.PipelineStage, or call the BubbleListener around the waits yourself")
         self.schedule, self.listener, self.stage, self.device = schedule, listener, stage, torch.device(device)
         self.timer = DeviceTimer(self.device)
         self.predicted: list[float] = []  # seconds, by the wait's position in the iteration
