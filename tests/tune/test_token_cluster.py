@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hydro.tune import ray_sessions
+from hydro.tune.cluster import sessions as ray_sessions
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
