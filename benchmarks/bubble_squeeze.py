@@ -1,5 +1,5 @@
 """Fill the bubbles of one real 1F1B pipeline stage, on a GPU (``--device cuda``) or a CPU core, with Hydro's fused
-trials; the stage's neighbours are emulated (:class:`hydro.bubbles.emulated.EmulatedNeighbours`: they answer each
+trials; the stage's neighbours are emulated (:class:`hydro.pipeline.emulated.EmulatedNeighbours`: they answer each
 send and receive when the full pipeline's other stages, with the real stage's profiled operation times, would), so
 one device has the real bubbles of a ``--stages``-stage pipeline.
 
@@ -30,12 +30,13 @@ from pathlib import Path
 
 import torch
 
-from hydro.bubbles import BubbleGate, BubbleRecorder, FillProcess, PipelineSpec, PipelineStage, SlotMode
-from hydro.bubbles.emulated import EmulatedNeighbours
+from hydro.bubbles import BubbleGate, FillProcess, SlotMode
+from hydro.pipeline import BubbleRecorder, PipelineSpec, PipelineStage
+from hydro.pipeline.emulated import EmulatedNeighbours
 from hydro.bubbles.fill_process import start_fill_server
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.tune.examples import digits_mlp
-from hydro.tune.pipeline_job import FILL_PRELOAD, pickled_workload
+from hydro.tune.pipeline.job import FILL_PRELOAD, pickled_workload
 
 SETTLE = 2  # iterations before each measured block
 MODES = ("alone", SlotMode.GATED.value, SlotMode.NAIVE.value)

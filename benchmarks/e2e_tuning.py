@@ -56,7 +56,7 @@ from ray import tune
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from benchmarks.transfer_fidelity import residual_mlp
-from hydro.cli import at_least
+from hydro.cli_options import at_least
 from hydro.tune.run import worker_pythonpath
 from hydro.energy.device import EnergyError
 from hydro.energy.nvml import nvml_devices

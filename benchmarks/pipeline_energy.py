@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from hydro.bubbles.schedule import one_f_one_b
-from hydro.bubbles.stage import PipelineSpec
+from hydro.pipeline.schedule import one_f_one_b
+from hydro.pipeline.stage import PipelineSpec
 from hydro.energy.frequency import DVFSModel
-from hydro.energy.pipeline_profiler import reference_instructions, simulated_pipeline_profile
+from hydro.pipeline.profiler import reference_instructions, simulated_pipeline_profile
 from schedulers.pipeline_energy import (
     ByMaxSlowdown,
     EnergyOrTrials,

@@ -30,7 +30,7 @@ import hydro
 from hydro.examples.models import CNN, MLP
 from hydro.loss import trial_losses
 from hydro.optim import SGD
-from hydro.planning import plan_fusion
+from hydro.fusion_measure import plan_fusion
 from hydro.profiling import (device_name, measure_training_step, profile_layers, step_features, time_layers,
                              time_optimizer, training_tensors)
 from schedulers.prediction.step_time import StepTimeModel, candidate_counts, median_error, memory_bytes

@@ -7,7 +7,7 @@ optimizers, ``trial_losses`` per-member losses, ``plan_fusion`` choice of the fu
 from hydro.binder import FusedModel, FuseError, fuse, keep_members, unfuse
 from hydro import shrink  # the Model Shrinker package, callable as hydro.shrink(model, scale)
 from hydro.loss import trial_losses
-from hydro.planning import FusionPlan, plan_fusion
+from hydro.fusion_measure import FusionPlan, plan_fusion
 from hydro.shrink import ShrinkError, ShrinkWarning
 
 __all__ = ["FuseError", "FusedModel", "FusionPlan", "ShrinkError", "ShrinkWarning", "fuse", "keep_members",

@@ -5,34 +5,9 @@ import argparse
 import logging
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-
-class UsageError(Exception):
-    """Bad command-line input, found before any work starts: ``hydro`` prints the message (one line naming the
-    problem and the fix) and exits with code 2, as argparse does for its own errors."""
-
-
-def checked(convert: Callable[[str], float], ok: Callable[[float], bool], rule: str) -> Callable[[str], float]:
-    """An argparse ``type``: ``convert(text)`` if ``ok`` accepts it, else an error naming ``rule`` (argparse
-    prints it after the option's name, e.g. "argument --seeds: must be >= 1, got 0", and exits with code 2)."""
-    noun = "an integer" if convert is int else "a number"
-
-    def parse(text: str) -> float:
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {value}")
-        return value
-
-    return parse
-
-
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= ``low``."""
-    return checked(int, lambda value: value >= low, f">= {low}")
+from hydro.cli_options import UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from hydro.examples.data import digits
 from hydro.examples.models import MLP
 from hydro.loss import trial_losses
 from hydro.optim import SGD
-from hydro.planning import plan_fusion
+from hydro.fusion_measure import plan_fusion
 
 
 def add_subparser(sub: argparse._SubParsersAction) -> None:

@@ -27,7 +27,7 @@ from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
 from torch import nn
 
 import hydro
-from hydro.bubbles import PipelineSpec, one_f_one_b
+from hydro.pipeline import PipelineSpec, one_f_one_b
 from hydro.cli import main
 from hydro.energy.tuning import EnergySettings
 from hydro.examples.models import MLP
@@ -35,8 +35,8 @@ from hydro.optim import SGD, Adam, AdamW, clip_grad_norm_
 from hydro.optim import lr_scheduler as sched
 from hydro.trial.check import WorkloadError
 from hydro.tune import HydroSearcher, accuracy
-from hydro.tune.energy_scheduler import EnergyScheduler, for_hydro
-from hydro.tune.pipeline_job import PipelineJob
+from hydro.tune.energy.scheduler import EnergyScheduler, for_hydro
+from hydro.tune.pipeline.job import PipelineJob
 from hydro.tune.run import check_arguments, fit, prepare
 from schedulers.member_stopping import ASHA, ConvergenceStopping
 from tests.tune import fault_workloads as FAULTS

@@ -43,7 +43,7 @@ def test_a_trial_trains_its_members_in_chunks_of_the_planned_size():
 
 
 def test_a_later_stage_of_a_group_in_the_same_process_measures_two_counts_not_the_ladder(monkeypatch):
-    import hydro.planning as planning
+    import hydro.fusion_measure as planning
 
     measured, real = [], planning.measure_fusion
 
@@ -67,7 +67,7 @@ def test_a_later_stage_of_a_group_in_the_same_process_measures_two_counts_not_th
 
 
 def test_extrapolation_takes_the_largest_count_whose_memory_fits_where_fusing_loses_no_throughput():
-    from hydro.planning import FusionMeasurement, FusionPlan, extrapolated_plan
+    from hydro.fusion_measure import FusionMeasurement, FusionPlan, extrapolated_plan
 
     def plan(two_samples_per_s: float) -> FusionPlan:
         return FusionPlan(2, "cpu", 1000, "measured", [FusionMeasurement(1, 0.1, 100, 10.0),

@@ -5,7 +5,7 @@ from torch import nn
 
 from hydro.examples.data import digits
 from hydro.examples.models import MLP
-from hydro.planning import plan_fusion
+from hydro.fusion_measure import plan_fusion
 
 
 @pytest.fixture(scope="module")

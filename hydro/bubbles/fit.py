@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hydro.planning import plan_fusion
+from hydro.fusion_measure import plan_fusion
 from hydro.trial.data import DataSource
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member

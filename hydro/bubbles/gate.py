@@ -20,7 +20,7 @@ class UnitNeverFits(RuntimeError):
 
 
 class BubbleGate:
-    """A :class:`~hydro.bubbles.hooks.BubbleListener` that fill trials wait on between layers.
+    """A :class:`~hydro.pipeline.hooks.BubbleListener` that fill trials wait on between layers.
 
     ``wait_for(cost_s)`` returns when a bubble is open and its predicted remaining time covers ``cost_s``
     (the layer's measured time), so fill work is cut to the predicted bubble and the stage waits for at

@@ -5,7 +5,7 @@ host's cores, sized to the memory the host can spare. Nothing of the fill trial 
 process: torch.fx tracing (fusing) patches ``nn.Module.__call__`` process-wide and would break the modules
 a stage runs meanwhile, and the user's code may raise, crash or hang. A fill that fails is detached at once
 (the slot can host a new one) and its cause is kept for the next :meth:`FillHost.fill_status`.
-:class:`~hydro.tune.pipeline_job.StageHost` gates it by the stage's bubbles; :class:`DedicatedHost` (a worker
+:class:`~hydro.tune.pipeline.job.StageHost` gates it by the stage's bubbles; :class:`DedicatedHost` (a worker
 of its own) lets it run freely.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from hydro.planning import free_memory_bytes
+from hydro.pipeline.hooks import BubbleRecorder
+from hydro.fusion_measure import free_memory_bytes
 from hydro.trial.plan import TrialPlan
 
 from .fill_process import FillFailed, FillFailure, FillProcess, FillTooLarge, start_fill_server
@@ -163,6 +164,23 @@ class FillHost:
 
 def _failed(failure: FillFailure) -> dict:
     return {"failed": failure.cause, "failure": failure}
+
+
+class GatedHost(FillHost):
+    """The host of a pipeline stage: :attr:`recorder` is the stage's :class:`~hydro.pipeline.hooks.BubbleListener`
+    (it records the bubbles and forwards them to the hosted fill's gate). Fill modes: ``GATED`` (inside bubbles
+    only) and ``NAIVE`` (alongside the stage, for contrast)."""
+
+    modes = (SlotMode.GATED, SlotMode.NAIVE)
+
+    def __init__(self, name: str, cpus: set[int] | None, fill_memory_bytes: int | None,
+                 timeouts: dict | None = None, preload: Sequence[str] = ()) -> None:
+        super().__init__(name, cpus, fill_memory_bytes, timeouts, preload)
+        self.recorder = BubbleRecorder(self.gate)
+
+    def _set_gate(self, gate: BubbleGate) -> None:
+        self.gate = gate
+        self.recorder.listeners = [gate]
 
 
 class DedicatedHost(FillHost):

@@ -7,7 +7,7 @@ an idle-policy fill as layer cost). On a GPU it is timed with CUDA events on the
 for each unit's end event before it asks the gate for the next: the host-side gate then keeps the fill's kernels
 out of the stage's compute on the device itself, since at most one unit of fill work is ever queued, and only
 once the stage's own stream has drained and its predicted bubble has room for that unit's measured device time
-(see :func:`~hydro.bubbles.hooks.announced_wait` for the stage's side). The median of the unit's last few costs is what it asks the bubble for, so one
+(see :func:`~hydro.pipeline.hooks.announced_wait` for the stage's side). The median of the unit's last few costs is what it asks the bubble for, so one
 slow run (a unit that happened to include a one-off piece of work, e.g. copying the state at an epoch's end, or
 a page-faulting first touch) cannot make it wait for a bubble that never comes.
 """
@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 import torch
 
+from hydro.pipeline.timing import DeviceTimer, Mark
 from hydro.trial.unit import FusedTrial, Gate
 
 from .gate import BubbleGate
-from .timing import DeviceTimer, Mark
 
 
 COST_SAMPLES = 5  # a unit's cost is the median of its last 5 runs: robust to 2 outliers

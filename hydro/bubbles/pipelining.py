@@ -1,11 +1,11 @@
-"""A :class:`~hydro.bubbles.hooks.BubbleListener` adapter for ``torch.distributed.pipelining`` schedules.
+"""A :class:`~hydro.pipeline.hooks.BubbleListener` adapter for ``torch.distributed.pipelining`` schedules.
 
 Those schedules run a whole iteration inside ``schedule.step()`` and expose no callback around their waits, but
 the single-stage ones (``ScheduleGPipe``, ``Schedule1F1B`` in torch 2.13) wait for every activation and
 gradient through one module-level function, ``schedules._wait_batch_p2p``. :class:`PipeliningBubbles` wraps
 ``step`` and, for its duration, that function: each wait is announced as a bubble, its predicted length the
 smoothed length of the same wait (by its position in the iteration) in earlier iterations, measured on the
-stage's device (:func:`~hydro.bubbles.hooks.announced_wait`: on a GPU the host blocks where the stream idles, so
+stage's device (:func:`~hydro.pipeline.hooks.announced_wait`: on a GPU the host blocks where the stream idles, so
 the bubble the listener sees is the device's; that is one host synchronisation per wait, none elsewhere). Limits: it relies on
 that private function (checked at construction; a torch that renames it is refused with an error), and the
 multi-stage runtime schedules (``_PipelineScheduleRuntime`` subclasses) also call ``work.wait()`` directly, so
@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from .hooks import BubbleListener, announced_wait
-from .timing import DeviceTimer
+from hydro.pipeline.hooks import BubbleListener, announced_wait
+from hydro.pipeline.timing import DeviceTimer
 
 
 class PipeliningBubbles:
@@ -35,7 +35,7 @@ class PipeliningBubbles:
         if not callable(getattr(schedules, "_wait_batch_p2p", None)):
             raise RuntimeError("hydro.bubbles.PipeliningBubbles: this torch has no "
                                "torch.distributed.pipelining.schedules._wait_batch_p2p to hook; use "
-                               "hydro.bubbles.PipelineStage, or call the BubbleListener around the waits yourself")
+                               "hydro.pipeline.PipelineStage, or call the BubbleListener around the waits yourself")
         self.schedule, self.listener, self.stage, self.device = schedule, listener, stage, torch.device(device)
         self.timer = DeviceTimer(self.device)
         self.predicted: list[float] = []  # seconds, by the wait's position in the iteration

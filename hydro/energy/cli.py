@@ -5,7 +5,7 @@ import argparse
 import time
 from pathlib import Path
 
-from hydro.cli import UsageError, at_least, checked
+from hydro.cli_options import UsageError, at_least, checked
 from hydro.energy.report import format_table, plot_cumulative_cost, summarize, write_json
 from schedulers.energy.simulator import POLICIES, simulate_grid
 from schedulers.energy.traces import WORKLOADS, TraceError, available_gpus, traces_dir

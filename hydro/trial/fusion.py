@@ -9,7 +9,7 @@ from collections.abc import Hashable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from hydro.planning import extrapolated_plan, plan_fusion
+from hydro.fusion_measure import extrapolated_plan, plan_fusion
 from hydro.profiling import fit_step_time_model, step_features, torch_threads
 from hydro.trial.data import DataSource
 from hydro.trial.precision import autocast
@@ -43,12 +43,12 @@ class FixedFusion(FusionPlanner):
 
 
 class MeasuredFusion(FusionPlanner):
-    """F measured with :func:`hydro.planning.plan_fusion` on ``device`` (default: this process's GPU, else
+    """F measured with :func:`hydro.fusion_measure.plan_fusion` on ``device`` (default: this process's GPU, else
     CPU): fused training steps of the group's (shrunk) model on one batch of ``data``'s training split, in
     ``spec.precision``, with ``threads`` torch threads, within ``memory_budget_bytes`` (default: the device's),
     at the fusion ``counts`` (default: plan_fusion's ladder 1, 2, 4, ...; e.g. those that fill a run's trial slots
     in whole rounds, :func:`schedulers.trial_slots.whole_round_counts`); ``extrapolate``: counts 1 and 2 measured,
-    F extrapolated from them (:func:`hydro.planning.extrapolated_plan`). ``data`` is not pickled: a copy loads
+    F extrapolated from them (:func:`hydro.fusion_measure.extrapolated_plan`). ``data`` is not pickled: a copy loads
     ``spec.load_data()`` when it next plans."""
 
     def __init__(self, spec: TuneSpec, scale: int, data: tuple[DataSource, DataSource], max_members: int,
@@ -115,7 +115,7 @@ def fusion_in_trial(spec: TuneSpec, config: Mapping, scale: int, data: tuple[Dat
     its memory budget. Planned once per (model, group key, scale, device, precision, budget) in this process
     (again for a trial of more members where the plan took all it could); a group already planned at another
     scale (the next stage of a width ladder in a reused worker) measures F = 1 and 2 only and extrapolates
-    (:func:`hydro.planning.extrapolated_plan`)."""
+    (:func:`hydro.fusion_measure.extrapolated_plan`)."""
     group, place = (spec.model, spec.group_key(config)), (str(device), spec.precision, memory_budget_bytes)
     key = (*group, scale, *place)
     planned = _PLANNED_IN_PROCESS.get(key)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from hydro.planning import measure_fusion
+from hydro.fusion_measure import measure_fusion
 from hydro.profiling import torch_threads
 from hydro.shrink.errors import ShrinkError
 from hydro.trial.data import DataSource

@@ -16,14 +16,15 @@ import traceback
 
 import pandas as pd
 
-from hydro.cli import UsageError, at_least, checked
-from hydro.tune import energy_scheduler
-from hydro.tune.cluster_auth import token_refused
+from hydro.cli_options import UsageError, at_least, checked
+from hydro.tune.energy import options as energy_options
+from hydro.tune.cluster import ray_internals
+from hydro.tune.cluster.auth import token_refused
 from hydro.tune.examples import EXAMPLES
 from hydro.trial.check import describe
 from hydro.trial.spec import TuneSpec
 from hydro.trial.plan import TrialKind
-from hydro.tune.ray_output import ray_output
+from hydro.tune.cluster.output import ray_output
 from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
 from hydro.tune.run import (PACKAGE_ROOT, TuningFailed, asha, check_arguments, check_run_dir, check_storage, fit,
                             optuna_tpe, prepare, resume, start_local_cluster)
@@ -99,7 +100,7 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                         help="also Ray's trial table and log lines, and every member row (default: Hydro's member "
                              f"progress and the top {TOP_ROWS} rows; all of them are in {MEMBER_TABLE_FILE})")
     _add_transfer_arguments(parser)
-    energy_scheduler.add_arguments(parser)
+    energy_options.add_arguments(parser)
     parser.add_argument("--bubbles", action="store_true",
                         help="run the fused trials in the bubbles of the pipeline jobs registered with the cluster's "
                              "placement service (late-stage trials and the target on its dedicated workers); needs "
@@ -237,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(f"hydro tune: {error}") from None
     job = args.name or args.example or os.path.basename(args.workload)
-    energy = energy_scheduler.settings_from_args(args, spec, job)
+    energy = energy_options.settings_from_args(args, spec, job)
     start = time.perf_counter()
     try:  # before Ray starts
         check_arguments(spec, space, energy=energy, bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial)
@@ -317,19 +318,15 @@ def connect(address: str | None) -> bool:
         return False
     if address or os.environ.get("RAY_ADDRESS"):
         # As `ray start` does: RAY_AUTH_MODE unset and a token on this machine -> token authentication.
-        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
-        from ray._private.authentication.authentication_utils import is_token_auth_enabled
-        from ray._raylet import AuthenticationTokenLoader
-
         where = address or os.environ["RAY_ADDRESS"]
         _reachable(where)
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        ray_internals.enable_token_auth_if_token_available()
         if token_refused(where):
-            has_token = is_token_auth_enabled() and AuthenticationTokenLoader.instance().has_token()
+            has_token = ray_internals.token_auth_enabled() and ray_internals.has_token()
             refused = "refused this machine's Ray token" if has_token else "wants a token and this machine has none"
             raise UsageError(f"hydro tune: the Ray cluster at {where} {refused}; put the cluster's token in "
                              f"~/.ray/auth_token here (or $RAY_AUTH_TOKEN)")
-        if not is_token_auth_enabled():
+        if not ray_internals.token_auth_enabled():
             logger.warning("hydro tune: joining the Ray cluster at %s without authentication: anyone who can reach "
                            "its ports can run code on it; start it with token authentication (RAY_AUTH_MODE=token "
                            "ray start --head ...; its token in ~/.ray/auth_token here) or bind it to 127.0.0.1", where)

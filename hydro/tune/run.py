@@ -18,12 +18,13 @@ from hydro.energy.tuning import EnergySettings
 from hydro.trial.check import WorkloadError, check_any_workload, check_group_by, describe
 from hydro.trial.data import DataSource
 from hydro.trial.spec import TuneSpec
-from hydro.tune import ray_sessions
-from hydro.tune.bubble_scheduler import BubbleScheduler
-from hydro.tune.energy_scheduler import check_batch_sizes, for_hydro
-from hydro.tune.fill_trainable import bubble_fill
+from hydro.tune.cluster import ray_internals
+from hydro.tune.cluster import sessions as ray_sessions
+from hydro.tune.bubbles.scheduler import BubbleScheduler
+from hydro.tune.energy.scheduler import check_batch_sizes, for_hydro
+from hydro.tune.bubbles.fill_trainable import bubble_fill
 from hydro.tune.progress import MemberProgress, show_progress
-from hydro.tune.ray_output import ray_output
+from hydro.tune.cluster.output import ray_output
 from hydro.tune.random_search import RandomSearch
 from hydro.tune.results import failure_summary, failures_line, write_results
 from hydro.tune.retry_logs import KeepResultsOnRetry
@@ -59,10 +60,11 @@ def start_local_cluster() -> None:
     127.0.0.1 only, no dashboard, workers that import this checkout of Hydro and the driver's ``PYTHONPATH``; at
     exit it is shut down and its session folder removed. Its session folder is marked as this driver's, with a
     watchdog that cleans it up should this process be killed; sessions earlier Hydro drivers left behind that way
-    are cleaned here too (:mod:`hydro.tune.ray_sessions`)."""
-    _loopback_only()
+    are cleaned here too (:mod:`hydro.tune.cluster.sessions`)."""
+    ray_internals.bind_local_cluster_to_loopback()
     ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
-    session_dir = ray._private.worker._global_node.get_session_dir_path()
+    context = ray.get_runtime_context()
+    session_dir = os.path.join(context.get_temp_dir(), context.get_session_name())
     ray_sessions.mark(session_dir)
     ray_sessions.spawn_watchdog(session_dir)
     ray_sessions.sweep(os.path.dirname(session_dir))
@@ -80,17 +82,6 @@ def worker_pythonpath(root: str = PACKAGE_ROOT, environ: Mapping[str, str] = os.
     driver's own entries. A runtime env's ``env_vars`` replace a variable rather than extend it, so passing
     ``root`` alone would hide the user's modules (and any packages installed there) from the trials."""
     return os.pathsep.join([root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
-
-
-def _loopback_only() -> None:
-    """Make the local cluster this process starts listen on 127.0.0.1 only (GCS, raylet, workers, agents): Ray
-    does so when it is not to form a multi-node cluster (its macOS/Windows default), read from the environment
-    by its processes and from ``ray_constants`` by this one (``ray.init(_node_ip_address="127.0.0.1")`` is
-    turned into the machine's address and binds every interface)."""
-    from ray._private import ray_constants
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def asha(spec: TuneSpec) -> ASHAScheduler:
@@ -200,15 +191,15 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
     process before any trial starts. ``verbose``: 0 silent, 1 member
     progress (logger ``hydro.tune.progress``), 2 also Ray's trial table and log lines
-    (:mod:`hydro.tune.ray_output`). ``max_failures``: retries of a trial whose process or storage was lost
+    (:mod:`hydro.tune.cluster.output`). ``max_failures``: retries of a trial whose process or storage was lost
     (killed, e.g. by the OOM killer; a lost node; a hung fill; a checkpoint that could not be written) from its
     last checkpoint, then as many fresh trials of its members (``HydroSearcher(lost_trial_retries=...)``), so that
     a stage does not go on without them; an exception of the trial's own code (building or training its members)
     fails its live members without a retry, and the run logs a summary of the members that failed and why. Ray
     started here (none was initialised) is :func:`start_local_cluster`'s: listening on 127.0.0.1 only. ``energy``:
-    energy-tune the trials (:func:`hydro.tune.energy_scheduler.for_hydro` schedules them). ``bubbles``: the fused
+    energy-tune the trials (:func:`hydro.tune.energy.scheduler.for_hydro` schedules them). ``bubbles``: the fused
     trials run in the bubbles of the pipeline jobs registered with the cluster's placement service (late-stage
-    trials and the target on its dedicated workers; see :mod:`hydro.tune.fill_trainable`).
+    trials and the target on its dedicated workers; see :mod:`hydro.tune.bubbles.fill_trainable`).
     ``cpus_per_trial``/``gpus_per_trial``: each trial's Ray resources (fractional GPUs share a card; see
     ``trainable``). With GPUs and ``fusion="auto"``, fusion is planned where the trials run (the driver may have
     no GPU): the searcher hands out up to ``max_fusion`` members per trial, each trial measures how many fit and

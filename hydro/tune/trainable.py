@@ -37,7 +37,7 @@ from hydro.trial.memory import gpu_share_bytes
 from hydro.trial.plan import plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
-from hydro.tune.ray_output import quiet_trial
+from hydro.tune.cluster.output import quiet_trial
 from hydro.tune.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession, TrialLost
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
     given a GPU trains on it. ``plan_fusion``: a surrogate trial measures how many of its members to train
     fused at once on its own device, precision and memory (once per group in each trial process; see
     :func:`hydro.trial.fusion.fusion_in_trial`) and trains them in chunks of that many. ``quiet``: leave Ray's log
-    line of each checkpoint out of the trials' output (:func:`~hydro.tune.ray_output.quiet_trial`)."""
+    line of each checkpoint out of the trials' output (:func:`~hydro.tune.cluster.output.quiet_trial`)."""
     resources = trial_resources(spec, cpus_per_trial, gpus_per_trial)
     if data is None:
         def hydro_trial(config: dict) -> None:

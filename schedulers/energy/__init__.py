@@ -1,6 +1,6 @@
 """Energy decisions in plain Python: power-limit optimizer, batch-size bandit, trace simulator, state.
 
-The Ray Tune scheduler that applies them is :class:`hydro.tune.energy_scheduler.EnergyScheduler`.
+The Ray Tune scheduler that applies them is :class:`hydro.tune.energy.scheduler.EnergyScheduler`.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ _KINDS = {"F": Instruction.FORWARD, "B": Instruction.BACKWARD}
 
 
 class ScheduledOp(Protocol):
-    """One entry of a stage's schedule (``hydro.bubbles.schedule.Op`` fits): kind ``"F"``/``"B"``."""
+    """One entry of a stage's schedule (``hydro.pipeline.schedule.Op`` fits): kind ``"F"``/``"B"``."""
 
     kind: str
     microbatch: int

@@ -2,7 +2,7 @@
 
 A policy sees the queue (FIFO order), the free GPUs by type and, where the caller predicts them, how long each
 busy GPU stays busy; it returns assignments. It is a pure decision (no clock, no cluster state of its own), used
-by the simulator and by ``hydro.tune.placement`` on Ray.
+by the simulator and by ``hydro.tune.placement.elastic`` on Ray.
 """
 from __future__ import annotations
 

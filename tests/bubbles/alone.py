@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from hydro.bubbles import PipelineSpec
+from hydro.pipeline import PipelineSpec
 
 
 def train_unsplit(spec: PipelineSpec, iterations: int) -> nn.Module:

@@ -12,14 +12,14 @@ import ray
 from ray import tune
 import torch
 
-from hydro.bubbles import PipelineSpec
+from hydro.pipeline import PipelineSpec
 from hydro.bubbles.fill_process import RAISED
 from hydro.bubbles.fit import member_bytes
 from hydro.trial.plan import plan_of
 from hydro.trial.unit import FusedTrial
-from hydro.tune.bubble_service import placement_service
-from hydro.tune.fill_trainable import STATE_FILE
-from hydro.tune.pipeline_job import PipelineJob, start_dedicated_hosts
+from hydro.tune.bubbles.service import placement_service
+from hydro.tune.bubbles.fill_trainable import STATE_FILE
+from hydro.tune.pipeline.job import PipelineJob, start_dedicated_hosts
 from hydro.tune.results import member_table
 from hydro.tune.run import TuningFailed, fit
 from tests.bubbles.workload import same_members, spec

@@ -4,9 +4,9 @@ measures its bubbles with its device timer and synchronises with the device only
 import pytest
 import torch
 
-from hydro.bubbles import BubbleRecorder, PipelineSpec, PipelineStage
-from hydro.bubbles.emulated import EmulatedNeighbours
-from hydro.bubbles.schedule import one_f_one_b, simulate
+from hydro.pipeline import BubbleRecorder, PipelineSpec, PipelineStage
+from hydro.pipeline.emulated import EmulatedNeighbours
+from hydro.pipeline.schedule import one_f_one_b, simulate
 
 SPEC = PipelineSpec(width=32, depth=6, microbatches=4, microbatch_size=8)
 

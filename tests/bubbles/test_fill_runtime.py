@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from hydro.bubbles import BubbleGate, DedicatedHost, FailureKind, FillAborted, FillFailed, FillProcess, FillTooLarge, \
-    LayerGate, SlotMode, UnitNeverFits, one_f_one_b, simulate
-from hydro.bubbles.schedule import Op, bubble_fraction
+    LayerGate, SlotMode, UnitNeverFits
+from hydro.pipeline import one_f_one_b, simulate
+from hydro.pipeline.schedule import Op, bubble_fraction
 from tests.bubbles.workload import plan, same_members, spec, train_alone, workload
 
 MEMBER_IDS = ["m0", "m1", "m2"]

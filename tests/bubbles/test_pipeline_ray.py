@@ -6,8 +6,9 @@ import pytest
 import ray
 import torch
 
-from hydro.bubbles import FailureKind, FillTooLarge, PipelineSpec, SlotMode
-from hydro.tune.pipeline_job import PipelineJob, interface_of, process_group_backend, rendezvous
+from hydro.bubbles import FailureKind, FillTooLarge, SlotMode
+from hydro.pipeline import PipelineSpec
+from hydro.tune.pipeline.job import PipelineJob, interface_of, process_group_backend, rendezvous
 from tests.bubbles.workload import plan, same_members, spec, train_alone
 from tests.bubbles.alone import train_unsplit
 

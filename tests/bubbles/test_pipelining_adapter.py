@@ -9,7 +9,7 @@ import torch.distributed as dist
 import multiprocessing as mp
 from torch import nn
 
-from hydro.bubbles import BubbleRecorder
+from hydro.pipeline import BubbleRecorder
 from hydro.bubbles.pipelining import PipeliningBubbles
 
 MICROBATCHES, ITERATIONS = 4, 3

@@ -46,7 +46,7 @@ def test_job_end_hands_back_its_trials_and_too_large_trials_are_refused(placemen
 
 
 def test_the_placement_service_hands_back_checkpoints_of_ended_jobs_and_drops_lost_hosts():
-    from hydro.tune.bubble_service import PlacementService
+    from hydro.tune.bubbles.service import PlacementService
 
     service = PlacementService(promote_rung=2)
     service.register_pipeline("llm", [0.2, 0.3], [64 * MiB, 64 * MiB], ["host/0", "host/1"])

@@ -9,12 +9,12 @@ import pynvml as real
 import pytest
 import torch
 
-from hydro.bubbles.stage import PipelineSpec, PipelineStage
-from hydro.bubbles.hooks import BubbleRecorder
+from hydro.pipeline.stage import PipelineSpec, PipelineStage
+from hydro.pipeline.hooks import BubbleRecorder
 from hydro.energy import NotSupported, PermissionDenied, SimulatedDevice, VirtualClock
 from hydro.energy.frequency import DVFSModel, SimulatedDVFSDevice, restoring_default_clock
 from hydro.energy.nvml import nvml_devices
-from hydro.energy.pipeline_profiler import blocking_power_w, profile_pipeline, reference_instructions, scan_instruction
+from hydro.pipeline.profiler import blocking_power_w, profile_pipeline, reference_instructions, scan_instruction
 from schedulers.pipeline_energy import DownwardScan, Instruction
 from tests.energy.fake_nvml import FakeGPU, add_fake_clocks, make_fake_pynvml
 

@@ -13,7 +13,7 @@ from hydro.cli import main
 
 def test_energy_without_a_measurable_device_is_refused_before_ray_starts(workload_file, tmp_path, monkeypatch, capsys):
     path = workload_file
-    monkeypatch.setattr("hydro.tune.energy_scheduler.detect_devices", lambda: [])
+    monkeypatch.setattr("hydro.tune.energy.options.detect_devices", lambda: [])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert main(["tune", "--workload", str(path), "--energy", "--storage", str(tmp_path / "runs")]) == 2
     assert re.search("no device to measure on this host.*--energy-devices simulated", capsys.readouterr().err)

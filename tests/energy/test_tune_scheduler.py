@@ -6,7 +6,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray import tune  # noqa: E402
 
-from hydro.tune.energy_scheduler import EnergyScheduler  # noqa: E402
+from hydro.tune.energy.scheduler import EnergyScheduler  # noqa: E402
 from schedulers.energy import JobSimulator, ZeusTraces  # noqa: E402
 from schedulers.energy.store import EnergyStore  # noqa: E402
 from schedulers.energy.traces import WORKLOADS  # noqa: E402

@@ -7,9 +7,10 @@ import time
 import pytest
 import torch
 
-from hydro.bubbles import BubbleGate, BubbleRecorder, FillProcess, PipelineSpec, PipelineStage
-from hydro.bubbles.emulated import EmulatedNeighbours
-from hydro.bubbles.timing import DeviceTimer
+from hydro.bubbles import BubbleGate, FillProcess
+from hydro.pipeline import BubbleRecorder, PipelineSpec, PipelineStage
+from hydro.pipeline.emulated import EmulatedNeighbours
+from hydro.pipeline.timing import DeviceTimer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -30,7 +31,7 @@ def test_device_timer_measures_gpu_time_not_launch_time():
 
 def test_one_gpu_stage_with_emulated_neighbours_has_device_bubbles_and_a_gated_fill_trains_in_them():
     from hydro.tune.examples import digits_mlp
-    from hydro.tune.pipeline_job import pickled_workload
+    from hydro.tune.pipeline.job import pickled_workload
     from hydro.trial.plan import TrialKind, TrialPlan
 
     spec = PipelineSpec(width=2048, depth=8, microbatches=4, microbatch_size=64)

@@ -1,7 +1,7 @@
 """Shared test helpers: profiles from tables, and a solved frontier with its all-max baseline."""
 from __future__ import annotations
 
-from hydro.bubbles.schedule import one_f_one_b
+from hydro.pipeline.schedule import one_f_one_b
 from schedulers.pipeline_energy import (
     ByMaxSlowdown,
     Instruction,

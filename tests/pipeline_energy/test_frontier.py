@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from hydro.bubbles.schedule import one_f_one_b, simulate
+from hydro.pipeline.schedule import one_f_one_b, simulate
 from schedulers.pipeline_energy import (
     ByDeadline,
     ByMaxSlowdown,

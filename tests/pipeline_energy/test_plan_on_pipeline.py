@@ -4,10 +4,10 @@ import pytest
 import ray
 import torch
 
-from hydro.bubbles import PipelineSpec
+from hydro.pipeline import PipelineSpec
 from hydro.energy.frequency import DVFSModel, SimulatedDVFSDevice
-from hydro.energy.pipeline_profiler import simulated_pipeline_profile
-from hydro.tune.pipeline_job import PipelineJob
+from hydro.pipeline.profiler import simulated_pipeline_profile
+from hydro.tune.pipeline.job import PipelineJob
 from schedulers.pipeline_energy import Instruction
 from tests.bubbles.alone import train_unsplit
 from tests.pipeline_energy.plans import solve

@@ -1,7 +1,7 @@
 """The slack policy: per stage, energy saving against the value of trial work in the same slack."""
 import pytest
 
-from hydro.bubbles.schedule import one_f_one_b
+from hydro.pipeline.schedule import one_f_one_b
 from schedulers.pipeline_energy import (
     EnergyOrTrials,
     Instruction,

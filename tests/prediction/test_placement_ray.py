@@ -51,7 +51,7 @@ def reference_epochs(workload, members, survivors):
 
 
 def test_placement_by_predicted_finish_merge_and_release(fake_gpu_cluster):
-    from hydro.tune.placement import ElasticPlacement, RunningTrial, predicted_work
+    from hydro.tune.placement.elastic import ElasticPlacement, RunningTrial, predicted_work
 
     ray = fake_gpu_cluster
     fast, slow = TYPES["fast"], TYPES["slow"]
@@ -130,7 +130,7 @@ def test_placement_by_predicted_finish_merge_and_release(fake_gpu_cluster):
 
 
 def test_earliest_finish_needs_the_steps_of_an_epoch(fake_gpu_cluster):
-    from hydro.tune.placement import ElasticPlacement
+    from hydro.tune.placement.elastic import ElasticPlacement
 
     streamed = spec(data=lambda: splits("stream"))  # an iterable dataset: batches per epoch unknown
     with pytest.raises(ValueError, match="iterable dataset.*policy=ElasticHeterogeneityAware"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hydro.tune import ray_sessions
+from hydro.tune.cluster import sessions as ray_sessions
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
@@ -132,7 +132,7 @@ def test_killed_drivers_sessions_are_cleaned_and_others_left_alone():
         first, first_dir = _driver(HYDRO_DRIVER, temp)
         drivers.append(first)
         first_pids = _processes(first_dir)
-        watchdogs = [pid for pid in first_pids if any(a.endswith("ray_sessions.py") for a in _cmdline(pid))]
+        watchdogs = [pid for pid in first_pids if any(a.endswith(os.path.join("tune", "cluster", "sessions.py")) for a in _cmdline(pid))]
         assert len(watchdogs) == 1, first_pids
         assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE"} <= _titles(first_pids), first_pids
         os.kill(watchdogs[0], signal.SIGKILL)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hydro.tune import ray_sessions
+from hydro.tune.cluster import sessions as ray_sessions
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
@@ -85,7 +85,7 @@ def test_join_without_the_token_fails_in_one_line(token_head, token, refusal):
 
 def test_the_right_token_passes_the_probe(token_head):
     address, home = token_head
-    probe = "import sys; from hydro.tune.cluster_auth import token_refused; print(token_refused(sys.argv[1]))"
+    probe = "import sys; from hydro.tune.cluster.auth import token_refused; print(token_refused(sys.argv[1]))"
     runs = {mode: subprocess.run([sys.executable, "-c", probe, address], cwd=REPO, capture_output=True, text=True,
                                  timeout=120, env=_env(home, RAY_AUTH_MODE=mode, RAY_AUTH_TOKEN=TOKEN))
             for mode in ("token", "disabled")}

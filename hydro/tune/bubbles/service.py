@@ -1,7 +1,7 @@
 """The placement service: a named Ray actor around :class:`~schedulers.bubbles.BubblePlacement`.
 
 Pipeline jobs register their stages (bubble slots), dedicated workers register as dedicated slots, and the
-units of fill trials (see :mod:`hydro.tune.fill_trainable`; a Tune trial has one unit per slot it needs, keyed
+units of fill trials (see :mod:`hydro.tune.bubbles.fill_trainable`; a Tune trial has one unit per slot it needs, keyed
 ``<trial id>#<i>``) ask it where to run. It also keeps what a unit needs when its slot goes away: the state a
 pipeline job hands back when it ends, or the slot a late-stage trial was promoted to.
 """
@@ -42,6 +42,11 @@ class PlacementService:
                           hosts: list[str]) -> None:
         self.policy.register_pipeline(job, stage_bubble_fractions, stage_free_bytes, hosts)
 
+    def register_stage(self, job: str, stage: int, bubble_fraction: float, free_bytes: int, host: str) -> None:
+        """One stage of ``job`` as the bubble slot ``<job>/<stage>`` (for jobs whose stages register themselves,
+        e.g. from a Ray Train worker: :mod:`hydro.tune.bubbles.ray_train`)."""
+        self.policy.add_slot(Slot(f"{job}/{stage}", False, free_bytes, bubble_fraction, job=job, host=host))
+
     def add_dedicated(self, name: str, free_bytes: int, host: str) -> None:
         self.policy.add_slot(Slot(name, True, free_bytes, host=host))
 
@@ -50,8 +55,9 @@ class PlacementService:
         are busy."""
         self.needs[trial_id] = TrialNeeds(trial_id, memory_bytes, rung, dedicated_only)
         self.evicted.pop(trial_id, None)
-        if trial_id in self.assigned:  # e.g. promoted while its job ended: it already has a slot
+        if self.assigned.get(trial_id) in self.policy.slots:  # e.g. promoted while its job ended: it has a slot
             return self.assignment(trial_id)
+        self.assigned.pop(trial_id, None)  # a slot of a job that ended while the unit was leaving it
         slot = self.policy.place(self.needs[trial_id])
         if slot is None:
             return None
@@ -86,7 +92,10 @@ class PlacementService:
         self.policy.vacate(slot_name)
 
     def job_ending(self, job: str) -> None:
-        """``job`` is shutting down: no more placements on its stages; its trials wait for :meth:`job_ended`."""
+        """``job`` is shutting down: no more placements on its stages; its trials wait for :meth:`job_ended` (or
+        each stage's :meth:`slot_ended`). Called again while the job is ending, it does nothing."""
+        if job in self.ending:
+            return
         self.ending[job] = {s.name: s.trial for s in self.policy.slots.values() if s.job == job and s.trial}
         self.policy.remove_job(job)
 
@@ -99,11 +108,26 @@ class PlacementService:
             if self.assigned.get(trial) == slot_name:
                 del self.assigned[trial]
 
+    def slot_ended(self, slot_name: str, checkpoint: dict | None) -> None:
+        """One stage of an ending job (see :meth:`job_ending`) is gone: its unit gets ``checkpoint`` (what the
+        stage's ``detach_fill`` returned) to continue elsewhere."""
+        job = slot_name.rpartition("/")[0]
+        trials = self.ending.get(job, {})
+        trial = trials.pop(slot_name, None)
+        if trial is not None:
+            self.evicted[trial] = checkpoint
+            if self.assigned.get(trial) == slot_name:
+                del self.assigned[trial]
+        if not trials:
+            self.ending.pop(job, None)
+
     def slot_lost(self, slot_name: str) -> None:
         """The host of ``slot_name`` died: drop its slot (a pipeline job with a dead stage: all its slots);
         trials there continue elsewhere from what they have."""
         slot = self.policy.slots.get(slot_name)
-        if slot is None:
+        if slot is None:  # gone already, or a stage of an ending job that died before handing its trial back
+            if slot_name in self.ending.get(slot_name.rpartition("/")[0], {}):
+                self.slot_ended(slot_name, None)
             return
         if slot.job is not None:
             self.job_ended(slot.job, {})

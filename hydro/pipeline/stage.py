@@ -5,7 +5,7 @@ and wait for their peers internally, so a caller sees where a stage idles only t
 (:mod:`hydro.bubbles.pipelining`, single-stage schedules only); here every wait for an activation or a
 gradient is bracketed by ``BubbleListener.bubble_started/ended`` with a prediction from the simulated 1F1B
 timeline. The stage is a plain
-object over an initialised process group; :mod:`hydro.tune.pipeline_job` places stages in Ray actors.
+object over an initialised process group; :mod:`hydro.tune.pipeline.job` places stages in Ray actors.
 """
 from __future__ import annotations
 
@@ -109,11 +109,11 @@ class ProcessGroupTransport:
 class PipelineStage:
     """Stage ``stage`` of ``num_stages``: runs 1F1B iterations and reports its operations and bubbles.
 
-    Times are the device's (:class:`~hydro.bubbles.timing.DeviceTimer`: CUDA events on the stage's stream on a
+    Times are the device's (:class:`~hydro.pipeline.timing.DeviceTimer`: CUDA events on the stage's stream on a
     GPU, the host clock on the CPU); the host synchronises with the device once per iteration (the optimizer step)
-    and where it announces a bubble (see :func:`~hydro.bubbles.hooks.announced_wait`), never per microbatch.
+    and where it announces a bubble (see :func:`~hydro.pipeline.hooks.announced_wait`), never per microbatch.
     ``timeline`` holds the operations (``time.time()`` seconds), ``device_bubbles`` the waits as the device saw
-    them. ``transport``: the neighbours (default: the process group; see :mod:`hydro.bubbles.emulated` for
+    them. ``transport``: the neighbours (default: the process group; see :mod:`hydro.pipeline.emulated` for
     emulated ones).
     """
 

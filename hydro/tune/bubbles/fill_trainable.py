@@ -1,7 +1,7 @@
 """Hydro's trials in pipeline bubbles: a Ray Tune trainable whose fused trials run on fill hosts.
 
 The Tune trial is a thin proxy that needs almost no CPU of its own: it asks the placement service
-(:mod:`hydro.tune.bubble_service`) for a slot, attaches its fused trial (the ``HydroSearcher``'s plan of the
+(:mod:`hydro.tune.bubbles.service`) for a slot, attaches its fused trial (the ``HydroSearcher``'s plan of the
 user's ``TuneSpec``, a :class:`~hydro.trial.unit.FusedTrial` in a fill process) to the slot's host — a pipeline
 stage actor (gated by its bubbles) or a dedicated worker — and after every epoch takes the members' metrics,
 asks the run's per-member stopping rule (:class:`~hydro.tune.session.MemberSession`), tells the fill which
@@ -10,7 +10,7 @@ members go on and reports, with a checkpoint every ``TuneSpec.checkpoint_every``
 Fusion follows the slot's free memory: when a slot holds fewer members than the trial has, the rest start
 another fused trial (a second *unit* of the same Tune trial, placed on its own slot); the units meet at every
 epoch's report. A unit moves without loss: when its pipeline job ends it continues elsewhere from the exact
-state the job handed back; when the scheduler promotes the trial (:class:`~hydro.tune.bubble_scheduler.
+state the job handed back; when the scheduler promotes the trial (:class:`~hydro.tune.bubbles.scheduler.
 BubbleScheduler`) it moves to a dedicated worker with its exact state; if its host dies it resumes from the
 state after its last epoch (batches depend only on (seed, epoch), so the replay is identical). A fill whose
 own code raised fails its live members with the fill's exception (its traceback in the trial's
@@ -36,8 +36,8 @@ from hydro.bubbles.fit import member_bytes
 from hydro.bubbles.gate import UnitNeverFits
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.spec import TuneSpec
-from hydro.tune.bubble_service import SERVICE_NAME, unit_key
-from hydro.tune.pipeline_job import pickled_workload
+from hydro.tune.bubbles.service import SERVICE_NAME, unit_key
+from hydro.tune.pipeline.job import pickled_workload
 from hydro.tune.session import MemberSession, TrialFailed, TrialLost
 
 logger = logging.getLogger(__name__)

@@ -159,13 +159,13 @@ class ElasticPlacement:
         declared = ray.cluster_resources()
         missing = [t for t in types if gpu_resource(t) not in declared]
         if missing:
-            raise ValueError(f"hydro.tune.placement: no node declares GPU type(s) {missing}; start nodes with "
+            raise ValueError(f"hydro.tune.placement.elastic: no node declares GPU type(s) {missing}; start nodes with "
                              f"resources {{'{gpu_resource(missing[0])}': <count>}}")
         self.spec, self.types, self.work = spec, dict(types), work
         self.policy = ElasticEarliestFinish() if policy is None else policy
         self.train, _ = spec.load_data()
         if isinstance(self.policy, EarliestFinish) and self.train.num_batches(spec.batch_size) is None:
-            raise ValueError(f"hydro.tune.placement: {type(self.policy).__name__} needs each trial's steps, but the "
+            raise ValueError(f"hydro.tune.placement.elastic: {type(self.policy).__name__} needs each trial's steps, but the "
                              f"training split is an iterable dataset (batches per epoch unknown); pass "
                              f"policy=ElasticHeterogeneityAware()")
         self.running: list[RunningTrial] = []
@@ -255,7 +255,7 @@ class ElasticPlacement:
         deadline = time.monotonic() + timeout_s
         while any(free < expected[t] for t, free in free_gpus(self.types).items()):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"hydro.tune.placement: Ray did not free the ended trials' GPUs within "
+                raise TimeoutError(f"hydro.tune.placement.elastic: Ray did not free the ended trials' GPUs within "
                                    f"{timeout_s:.0f} s (free now {free_gpus(self.types)}, expected {expected})")
             time.sleep(0.05)
 

@@ -5,7 +5,7 @@ For each instruction the profiler scans the device's clocks from high to low (se
 ``repeats`` times; time from :meth:`EnergyDevice.finish_instruction`, energy from the counter) and stops
 by Perseus's rule (energy rose ``patience`` times in a row). The clock is reset to the default however
 profiling ends. ``reference_instructions`` gives the forward and backward of a stage of the reference
-pipeline (:class:`~hydro.bubbles.stage.PipelineSpec`) as callables on real tensors.
+pipeline (:class:`~hydro.pipeline.stage.PipelineSpec`) as callables on real tensors.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from hydro.bubbles.stage import PipelineSpec
+from hydro.pipeline.stage import PipelineSpec
 from hydro.energy.device import EnergyDevice
 from hydro.energy.frequency import DVFSModel, SimulatedDVFSDevice, restoring_default_clock
 from hydro.energy.simulated import VirtualClock

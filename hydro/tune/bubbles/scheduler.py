@@ -2,7 +2,7 @@
 
 It wraps any trial scheduler (FIFO by default; ASHA for multi-fidelity searches): the base decides whether
 a trial continues, and every result it lets continue tells the placement service
-(:mod:`hydro.tune.bubble_service`) how far the trial got (``time_attr``). Trials past the service's
+(:mod:`hydro.tune.bubbles.service`) how far the trial got (``time_attr``). Trials past the service's
 ``promote_rung`` — the survivors of the base's early rungs — move to a free dedicated worker, so the best
 late-stage trials are not slowed by bubble-only execution.
 """
@@ -12,7 +12,7 @@ import ray
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from hydro.tune.bubble_service import SERVICE_NAME
+from hydro.tune.bubbles.service import SERVICE_NAME
 
 
 class BubbleScheduler(TrialScheduler):

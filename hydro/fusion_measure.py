@@ -1,4 +1,4 @@
-"""Fusion planning: choose how many members to fuse from measured memory and throughput.
+"""Fusion measurement: choose how many members to fuse from measured memory and throughput.
 
 ``plan_fusion`` trains fused models of 1, 2, 4, ... members for a few steps on the current device,
 measures step time and peak memory, and returns the fusion count of highest total throughput
@@ -22,7 +22,7 @@ from hydro.checks import check, is_count
 from hydro.loss import trial_losses
 from hydro.optim import SGD
 from hydro.profiling import (free_memory_bytes, measure_training_step, optimized_tensors,  # noqa: F401 (public
-                             torch_threads, training_tensors)  # names of hydro.planning, kept where they were)
+                             torch_threads, training_tensors)  # names of hydro.fusion_measure, kept where they were)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A pipeline-parallel job whose stages are Ray actors, each able to host a fill trial in its bubbles.
 
 Each stage actor joins a NCCL process group when it has a GPU (``num_gpus_per_stage``), gloo otherwise, runs
-1F1B iterations (:class:`~hydro.bubbles.stage.PipelineStage`) on its device and reports its operations and
+1F1B iterations (:class:`~hydro.pipeline.stage.PipelineStage`) on its device and reports its operations and
 bubbles. ``attach_fill`` co-locates a Hydro fused trial with the stage, in a process of its own on the stage's
 core (:class:`~hydro.bubbles.fill_process.FillProcess`): ``SlotMode.GATED`` runs it only inside bubbles, layer
 by layer, under ``SCHED_IDLE``; ``SlotMode.NAIVE`` lets it run alongside at normal priority (for contrast).
@@ -20,11 +20,9 @@ import ray
 import torch
 from ray import cloudpickle
 
-from hydro.bubbles.gate import BubbleGate
-from hydro.bubbles.host import DedicatedHost, FillHost, SlotMode
-from hydro.bubbles.hooks import BubbleRecorder
-from hydro.bubbles.schedule import one_f_one_b
-from hydro.bubbles.stage import PipelineSpec, PipelineStage
+from hydro.bubbles.host import DedicatedHost, GatedHost, SlotMode
+from hydro.pipeline.schedule import one_f_one_b
+from hydro.pipeline.stage import PipelineSpec, PipelineStage
 from hydro.energy.device import EnergyDevice
 from hydro.trial.plan import TrialPlan
 from hydro.trial.spec import TuneSpec
@@ -36,11 +34,8 @@ from hydro.trial.spec import TuneSpec
 FILL_PRELOAD = ("ray", "ray.tune")
 
 
-class StageHost(FillHost):
-    """The body of a stage actor (plain class; Ray wraps it in :func:`stage_actor`). Fill modes: ``GATED``
-    (inside bubbles only) and ``NAIVE`` (alongside the stage, for contrast)."""
-
-    modes = (SlotMode.GATED, SlotMode.NAIVE)
+class StageHost(GatedHost):
+    """The body of a stage actor (plain class; Ray wraps it in :func:`stage_actor`)."""
 
     def __init__(self, spec: PipelineSpec, stage: int, num_stages: int, fill_memory_bytes: int | None,
                  timeouts: dict | None = None):
@@ -48,7 +43,6 @@ class StageHost(FillHost):
         cores = sorted(os.sched_getaffinity(0))
         super().__init__(f"stage {stage}", {cores[stage % len(cores)]}, fill_memory_bytes, timeouts,  # shares the core
                          preload=FILL_PRELOAD)
-        self.recorder = BubbleRecorder(self.gate)
         self.spec, self.rank, self.num_stages = spec, stage, num_stages
         self.stage: PipelineStage | None = None  # once connected
 
@@ -102,10 +96,6 @@ class StageHost(FillHost):
                 with self.fill_lock:
                     report["fill_activity"] = [a for a in fill.activity() if a[0] >= started]
         return report
-
-    def _set_gate(self, gate: BubbleGate) -> None:
-        self.gate = gate
-        self.recorder.listeners = [gate]
 
     def iteration(self) -> int:
         """Iterations this stage has run."""

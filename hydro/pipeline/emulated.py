@@ -1,8 +1,8 @@
 """Emulated neighbours of one real pipeline stage, so that a single device has the bubbles of a whole pipeline.
 
-:class:`EmulatedNeighbours` is a :class:`~hydro.bubbles.stage.Transport` for stage ``stage`` of a 1F1B pipeline of
+:class:`EmulatedNeighbours` is a :class:`~hydro.pipeline.stage.Transport` for stage ``stage`` of a 1F1B pipeline of
 ``num_stages`` stages whose other stages do not exist: a receive is answered when the emulated neighbour would
-have sent its activation or gradient, by playing the 1F1B dependencies (as :func:`~hydro.bubbles.schedule.simulate`
+have sent its activation or gradient, by playing the 1F1B dependencies (as :func:`~hydro.pipeline.schedule.simulate`
 does) with the other stages' operation times and the real stage's own sends as they happened on its device. The
 real stage therefore idles exactly where the full pipeline would make it idle, on its real device, and its
 bubbles are real: on a GPU its stream has nothing queued until the answer comes (the host issues the copy of the

@@ -1,0 +1,1 @@
+"""Heterogeneity-aware, elastic placement of fused trials on a Ray cluster."""
