@@ -69,7 +69,7 @@ from hydro.examples.data import synthetic_cifar
 from hydro.examples.models import ResNet18
 from hydro.trial.spec import accuracy
 from hydro.tune.examples import digits_mlp
-from hydro.tune.random_search import RandomSearch
+from hydro.tune.search.random_search import RandomSearch
 from hydro.tune.run import asha, fit, optuna_tpe
 from schedulers.transfer import Score
 

@@ -30,7 +30,7 @@ import hydro
 from hydro.examples.models import CNN, MLP, ResNet18, TransformerClassifier
 from hydro.loss import trial_losses
 from hydro.optim import SGD
-from hydro.fusion_measure import measure_training_step, optimized_tensors, training_tensors
+from hydro.profiling import measure_training_step, optimized_tensors, training_tensors
 from hydro.trial.backend import MemoryFormat, to_memory_format
 from hydro.trial.precision import Precision, autocast
 

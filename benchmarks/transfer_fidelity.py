@@ -56,7 +56,7 @@ from hydro.trial.scale_plan import measured_scale
 from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
-from hydro.tune.random_search import RandomSearch
+from hydro.tune.search.random_search import RandomSearch
 from schedulers.scale_choice import AUTO
 from schedulers.transfer import Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
 

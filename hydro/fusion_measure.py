@@ -21,8 +21,7 @@ from hydro.binder import fuse
 from hydro.checks import check, is_count
 from hydro.loss import trial_losses
 from hydro.optim import SGD
-from hydro.profiling import (free_memory_bytes, measure_training_step, optimized_tensors,  # noqa: F401 (public
-                             torch_threads, training_tensors)  # names of hydro.fusion_measure, kept where they were)
+from hydro.profiling import free_memory_bytes, measure_training_step, torch_threads, training_tensors
 
 
 @dataclass

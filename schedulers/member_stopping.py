@@ -3,7 +3,7 @@ after an epoch, and the record that makes their decisions idempotent.
 
 Rules see *scores*: the member's objective signed so that higher is better, with NaN and ±inf mapped to
 ``-inf`` (a diverged member is the worst member, whatever the metric and mode). They implement the same
-algorithms as Ray Tune's ``ASHAScheduler`` and ``MedianStoppingRule`` (``hydro.tune.member_rules`` translates
+algorithms as Ray Tune's ``ASHAScheduler`` and ``MedianStoppingRule`` (``hydro.tune.search.member_rules`` translates
 those), keyed by member id instead of trial.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ from ray import tune
 
 from hydro.trial.check import WorkloadError, check_group_by, check_member
 from hydro.tune.run import prepare
-from hydro.tune.space_check import check_batch_size_space
+from hydro.tune.search.space_check import check_batch_size_space
 from tests.tune.real_workloads import dropout_not_grouped, width_not_grouped
 from tests.tune.workload import spec
 

@@ -121,7 +121,7 @@ def test_a_rungs_skipped_evaluations_change_no_decision():
 
 @pytest.mark.parametrize("evaluated", [True, False])
 def test_a_report_of_a_skipped_epoch_keeps_the_training_loss(monkeypatch, evaluated):
-    from hydro.tune import session as session_module
+    from hydro.tune.search import session as session_module
     reports = []
     monkeypatch.setattr(session_module.tune, "report", lambda result, checkpoint=None: reports.append(result))
     session = session_module.MemberSession(PLAN.to_config(), "val_acc", "max")

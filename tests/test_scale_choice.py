@@ -7,7 +7,7 @@ import pytest
 
 from hydro.trial.scale_plan import measured_scale
 from hydro.tune.examples import digits_mlp
-from hydro.tune.random_search import RandomSearch
+from hydro.tune.search.random_search import RandomSearch
 from schedulers.scale_choice import AUTO_SCALES, CannotShrink, NoScale, checked_scale, choose_scale
 
 

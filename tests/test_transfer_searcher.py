@@ -49,7 +49,7 @@ def test_seeds_ladder_and_top_k_targets(caplog):
     assert sorted(inner.completed) == [(f"m{i:05d}", pytest.approx(i / 10 + 0.01), False) for i in range(6)]
     assert "m00000#1" not in {m for m, _ in inner.results}
 
-    with caplog.at_level(logging.INFO, logger="hydro.tune.searcher"):
+    with caplog.at_level(logging.INFO, logger="hydro.tune.search.searcher"):
         rung4 = plan_of(s.suggest("r4"))
         assert s.suggest("wait") is None  # the next stage waits for this one
         assert (rung4.scale, rung4.mup, rung4.reports_objective) == (4, True, False)
@@ -107,7 +107,7 @@ def test_failed_target_and_restore_mid_ladder(tmp_path):
 def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
     s = HydroSearcher(spec(), num_samples=4, scale=4, fusion=4, ladder=True, eta=2, fallback_targets=2, seed=0)
     s.set_search_properties("val_acc", "max", SPACE)
-    with caplog.at_level(logging.INFO, logger="hydro.tune.searcher"):
+    with caplog.at_level(logging.INFO, logger="hydro.tune.search.searcher"):
         finish(s, "t0", plan_of(s.suggest("t0")), lambda m: int(m[1:]) / 10)  # S=4: m00003 best
         rung = plan_of(s.suggest("r2"))
         assert [m for m, _ in rung.members] == ["m00003@2", "m00002@2"]
@@ -138,7 +138,7 @@ def test_a_regressed_target_escalates_to_s_over_2_and_the_ladder_goes_on_from_th
     s = HydroSearcher(spec(), num_samples=4, scale=8, fusion=4, ladder=True, eta=2, fallback_targets=0, seed=0,
                       probes=0)  # no probes: the first rung is the best 2, the escalation trains the other 2
     s.set_search_properties("val_acc", "max", SPACE)
-    with caplog.at_level(logging.INFO, logger="hydro.tune.searcher"):
+    with caplog.at_level(logging.INFO, logger="hydro.tune.search.searcher"):
         finish(s, "t0", plan_of(s.suggest("t0")), lambda m: int(m[1:]) / 10)  # S=8: m00003 best
         rung = plan_of(s.suggest("r4"))
         assert "if the rankings at S=8 and S=4 disagree or the target does worse than its surrogate, all at S=4 " \
@@ -179,7 +179,7 @@ def test_a_regressed_target_escalates_to_s_over_2_and_the_ladder_goes_on_from_th
 ])
 def test_a_rung_is_spread_over_the_trials_the_cluster_runs_at_once(monkeypatch, gpus, max_concurrent, search_s,
                                                                     trials):
-    import hydro.tune.searcher as searcher_module
+    import hydro.tune.search.searcher as searcher_module
 
     nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
              {"Alive": False, "Resources": {"CPU": 16.0, "GPU": 8.0}}]
@@ -237,7 +237,7 @@ def test_a_stage_closes_on_its_members_last_results_before_tune_completes_its_tr
 ])
 def test_a_rung_of_cpu_trials_leaves_out_a_last_round_of_the_trial_slots_half_full(monkeypatch, tmp_path, gpus,
                                                                                     slots, rung):
-    import hydro.tune.searcher as searcher_module
+    import hydro.tune.search.searcher as searcher_module
 
     monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster: none here
     monkeypatch.setattr(searcher_module.ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0, "GPU": 2.0}}])
@@ -270,7 +270,7 @@ def test_a_searcher_saved_before_the_search_driver_restores_mid_rung(monkeypatch
     """A checkpoint whose state held the members and the stages itself (a ``TransferState``) goes on as saved."""
     import pickle
 
-    import hydro.tune.searcher as searcher_module
+    import hydro.tune.search.searcher as searcher_module
 
     monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster: none here
     monkeypatch.setattr(searcher_module.ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}])
@@ -333,7 +333,7 @@ def test_a_searcher_saved_before_the_search_driver_restores_mid_rung(monkeypatch
 ])
 def test_a_stage_that_leaves_trial_slots_idle_trains_on_their_cpus(monkeypatch, gpus, max_concurrent, search_s,
                                                                    rung_cpus, target_cpus):
-    import hydro.tune.searcher as searcher_module
+    import hydro.tune.search.searcher as searcher_module
 
     nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 64.0}}]
     monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster: none here

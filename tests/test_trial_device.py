@@ -12,7 +12,7 @@ from hydro.trial.check import check_workload
 from hydro.trial.device import resolve_device
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
-from hydro.tune.trainable import trial_resources
+from hydro.tune.search.trainable import trial_resources
 from tests.tune.workload import small_digits, spec
 
 CONFIGS = [("a", {"lr": 0.1, "momentum": 0.9}), ("b", {"lr": 0.01, "momentum": 0.0})]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from hydro.pipeline.hooks import BubbleRecorder
-from hydro.fusion_measure import free_memory_bytes
+from hydro.profiling import free_memory_bytes
 from hydro.trial.plan import TrialPlan
 
 from .fill_process import FillFailed, FillFailure, FillProcess, FillTooLarge, start_fill_server

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from hydro.fusion_measure import free_memory_bytes
+from hydro.profiling import free_memory_bytes
 
 from .timing import DeviceTimer, Mark
 

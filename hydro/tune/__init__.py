@@ -9,14 +9,17 @@ model as the user's module, from a run directory or a trial's result), ``fit`` (
 (progress in members) and ``KeepResultsOnRetry`` (a retried trial keeps the results it logged; ``fit`` adds it,
 and a ``HydroSearcher`` to a plain ``tune.Tuner`` run).
 """
-from hydro.tune.progress import MemberProgress
-from hydro.tune.retry_logs import KeepResultsOnRetry
-from hydro.tune.results import best_configuration, load_model, member_table, write_results
+from hydro.tune import moved_modules
+from hydro.tune.search.progress import MemberProgress
+from hydro.tune.search.retry_logs import KeepResultsOnRetry
+from hydro.tune.search.results import best_configuration, load_model, member_table, write_results
 from hydro.tune.run import TuningFailed, fit, resume
-from hydro.tune.searcher import HydroSearcher
-from hydro.tune.session import MemberSession
+from hydro.tune.search.searcher import HydroSearcher
+from hydro.tune.search.session import MemberSession
 from hydro.trial.spec import TuneSpec, accuracy
-from hydro.tune.trainable import trainable
+from hydro.tune.search.trainable import trainable
+
+moved_modules.install()
 
 __all__ = ["HydroSearcher", "KeepResultsOnRetry", "MemberProgress", "MemberSession", "TuneSpec", "TuningFailed", "accuracy",
            "best_configuration", "fit", "load_model", "member_table", "resume", "trainable", "write_results"]

@@ -25,10 +25,10 @@ from hydro.trial.check import describe
 from hydro.trial.spec import TuneSpec
 from hydro.trial.plan import TrialKind
 from hydro.tune.cluster.output import ray_output
-from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
+from hydro.tune.search.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
 from hydro.tune.run import (PACKAGE_ROOT, TuningFailed, asha, check_arguments, check_run_dir, check_storage, fit,
                             optuna_tpe, prepare, resume, start_local_cluster)
-from hydro.tune.trainable import require_resources, trial_resources
+from hydro.tune.search.trainable import require_resources, trial_resources
 from schedulers.scale_choice import AUTO, checked_scale
 from schedulers.transfer import STAGE_OPTIONS, Disagreement, TransferPolicy
 

@@ -23,14 +23,14 @@ from hydro.tune.cluster import sessions as ray_sessions
 from hydro.tune.bubbles.scheduler import BubbleScheduler
 from hydro.tune.energy.scheduler import check_batch_sizes, for_hydro
 from hydro.tune.bubbles.fill_trainable import bubble_fill
-from hydro.tune.progress import MemberProgress, show_progress
+from hydro.tune.search.progress import MemberProgress, show_progress
 from hydro.tune.cluster.output import ray_output
-from hydro.tune.random_search import RandomSearch
-from hydro.tune.results import failure_summary, failures_line, write_results
-from hydro.tune.retry_logs import KeepResultsOnRetry
-from hydro.tune.searcher import HydroSearcher
-from hydro.tune.space_check import check_batch_size_space, other_values
-from hydro.tune.trainable import require_resources, trainable, trial_resources
+from hydro.tune.search.random_search import RandomSearch
+from hydro.tune.search.results import failure_summary, failures_line, write_results
+from hydro.tune.search.retry_logs import KeepResultsOnRetry
+from hydro.tune.search.searcher import HydroSearcher
+from hydro.tune.search.space_check import check_batch_size_space, other_values
+from hydro.tune.search.trainable import require_resources, trainable, trial_resources
 from schedulers.scale_choice import AUTO, AUTO_SCALES
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -190,7 +190,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
 
     ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
     process before any trial starts. ``verbose``: 0 silent, 1 member
-    progress (logger ``hydro.tune.progress``), 2 also Ray's trial table and log lines
+    progress (logger ``hydro.tune.search.progress``), 2 also Ray's trial table and log lines
     (:mod:`hydro.tune.cluster.output`). ``max_failures``: retries of a trial whose process or storage was lost
     (killed, e.g. by the OOM killer; a lost node; a hung fill; a checkpoint that could not be written) from its
     last checkpoint, then as many fresh trials of its members (``HydroSearcher(lost_trial_retries=...)``), so that
@@ -276,7 +276,7 @@ def resume(run_dir: str, spec: TuneSpec, *, data: tuple[DataSource, DataSource] 
                                                             gpus_per_trial=gpus_per_trial, plan_fusion=plan_fusion,
                                                             quiet=verbose < 2)
     tuner = tune.Tuner.restore(run_dir, function, resume_errored=True)
-    searcher = tuner._local_tuner._tune_config.search_alg  # Tune restores its state from the run's checkpoint
+    searcher = ray_internals.restored_search_alg(tuner)  # Tune restores its state from the run's checkpoint
     if not isinstance(searcher, HydroSearcher):
         raise ValueError(f"hydro: {run_dir} is a Ray Tune run without a HydroSearcher; resume it with "
                          f"tune.Tuner.restore")

@@ -20,7 +20,7 @@ from hydro.trial.unit import FusedTrial
 from hydro.tune.bubbles.service import placement_service
 from hydro.tune.bubbles.fill_trainable import STATE_FILE
 from hydro.tune.pipeline.job import PipelineJob, start_dedicated_hosts
-from hydro.tune.results import member_table
+from hydro.tune.search.results import member_table
 from hydro.tune.run import TuningFailed, fit
 from tests.bubbles.workload import same_members, spec
 from tests.tune.workload import SPACE, FaultAtEpoch, Recoveries, faults

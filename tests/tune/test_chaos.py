@@ -22,7 +22,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from hydro.trial.plan import TrialKind, plan_of
-from hydro.tune.results import BEST_FILE, best_configuration, member_table
+from hydro.tune.search.results import BEST_FILE, best_configuration, member_table
 from hydro.tune.run import fit, resume
 from schedulers.member_id import MemberId
 from tests.digits import mlp

@@ -25,7 +25,7 @@ def test_hydro_tune_prints_hydro_not_ray_and_the_returned_model(workload_file, t
     out, err = capfd.readouterr()
     for noise in RAY_NOISE:
         assert noise not in out + err + caplog.text, noise
-    assert any(r.name == "hydro.tune.progress" and r.getMessage().startswith("members: ") for r in caplog.records)
+    assert any(r.name == "hydro.tune.search.progress" and r.getMessage().startswith("members: ") for r in caplog.records)
     assert out.count(LEGEND.strip()) == 1
     rows = [line.split() for line in out.split("member ", 1)[1].splitlines()[1:] if line.strip()][:4]
     assert [row[1] for row in rows] == ["target", "surrogate", "surrogate", "surrogate"]  # the target first

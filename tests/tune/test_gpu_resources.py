@@ -13,7 +13,7 @@ from hydro.trial.device import resolve_device
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial, Observer
 from hydro.tune.run import fit
-from hydro.tune.trainable import trial_resources
+from hydro.tune.search.trainable import trial_resources
 from tests.conftest import REPO
 from tests.tune.workload import SPACE, small_digits, spec
 

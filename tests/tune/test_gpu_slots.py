@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from hydro.tune import HydroSearcher
-from hydro.tune.random_search import RandomSearch
+from hydro.tune.search.random_search import RandomSearch
 from tests.conftest import REPO
 from tests.tune.workload import SPACE, spec
 

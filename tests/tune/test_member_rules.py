@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule, TrialScheduler
 
-from hydro.tune.member_rules import stopping_rule
+from hydro.tune.search.member_rules import stopping_rule
 from schedulers.member_stopping import ASHA, MedianStopping, MemberStopping
 
 

@@ -14,7 +14,7 @@ import torch
 from ray import tune
 
 from hydro.tune import HydroSearcher, load_model, trainable
-from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, MODEL_FILE, target_result
+from hydro.tune.search.results import BEST_FILE, MEMBER_TABLE_FILE, MODEL_FILE, target_result
 from tests.tune.real_workloads import width_not_grouped
 from tests.tune.workload import SPACE, small_digits, spec
 
@@ -29,7 +29,7 @@ def test_a_plain_tuner_reports_members_writes_the_results_and_fills_the_slots(ra
         results = tuner.fit()
     out = capsys.readouterr().out
     assert "Number of trials" not in out and "Trial status" not in out, out  # Ray's header and trial table
-    progress = [r.getMessage() for r in caplog.records if r.name == "hydro.tune.progress"]
+    progress = [r.getMessage() for r in caplog.records if r.name == "hydro.tune.search.progress"]
     assert progress[-1].startswith("members: 0 running, 0 stopped early, 4 finished, 0 failed, 0 to start"), progress
     # The trials' resources (1 CPU, the trainable's default) were read before the first trial: 2 trial slots, so
     # the 4 members trained in 2 fused trials of 2 rather than one trial of 4 on one slot.

@@ -15,9 +15,9 @@ from hydro.examples.models import MLP
 from hydro.trial.plan import HYDRO_KEY, TARGET_MEMBER_ID, TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
 from hydro.tune import load_model, member_table
-from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE
+from hydro.tune.search.results import BEST_FILE, MEMBER_TABLE_FILE
 from hydro.tune.run import fit
-from hydro.tune.trainable import STATE_FILE
+from hydro.tune.search.trainable import STATE_FILE
 from tests.tune.workload import SPACE, small_digits, spec
 
 
@@ -34,7 +34,7 @@ def test_fit_reports_members_and_returns_the_users_configuration_and_model(ray_c
 
     workload = spec(epochs=3)
     optuna = OptunaSearch(sampler=TPESampler(seed=0))
-    with caplog.at_level(logging.INFO, logger="hydro.tune.progress"):
+    with caplog.at_level(logging.INFO, logger="hydro.tune.search.progress"):
         results, searcher = fit(workload, SPACE, num_samples=6, fusion=3, searcher=optuna, seed=0,
                                 scheduler=ASHAScheduler(max_t=3, grace_period=1, reduction_factor=2),
                                 storage_path=str(tmp_path), name="api")
@@ -44,7 +44,7 @@ def test_fit_reports_members_and_returns_the_users_configuration_and_model(ray_c
     stopped = members[members["stop_epoch"].notna()]
     assert len(members) == 6 and len(stopped) >= 1
     # The last progress line counts members, names the best one and the target.
-    last = [r.getMessage() for r in caplog.records if r.name == "hydro.tune.progress"][-1]
+    last = [r.getMessage() for r in caplog.records if r.name == "hydro.tune.search.progress"][-1]
     top = members.iloc[0]
     assert last.startswith(f"members: 0 running, {len(stopped)} stopped early, {6 - len(stopped)} finished, 0 failed, "
                            f"0 to start | best member: {top['member']} val_acc={top['val_acc']:.4g} | "

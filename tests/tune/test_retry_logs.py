@@ -61,6 +61,6 @@ def test_an_error_of_the_recovery_callback_is_logged_not_raised(tmp_path, caplog
     (tmp_path / "result.json").write_text("{}\n")
     trial = SimpleNamespace(trial_id="t1", local_path=str(tmp_path), storage=SimpleNamespace(
         syncer=Failing(), experiment_fs_path="/runs/x", trial_fs_path="/runs/x/t1", storage_filesystem=Failing()))
-    with caplog.at_level(logging.WARNING, "hydro.tune.retry_logs"):
+    with caplog.at_level(logging.WARNING, "hydro.tune.search.retry_logs"):
         KeepResultsOnRetry().on_trial_recover(1, [trial], trial)
     assert "could not copy trial t1's result logs to the storage path before its retry" in caplog.text

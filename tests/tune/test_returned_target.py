@@ -15,8 +15,8 @@ from hydro.examples.models import MLP
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
 from hydro.tune import load_model
-from hydro.tune.results import BEST_FILE, MODEL_FILE, best_configuration, member_table, target_result, write_results
-from hydro.tune.trainable import STATE_FILE
+from hydro.tune.search.results import BEST_FILE, MODEL_FILE, best_configuration, member_table, target_result, write_results
+from hydro.tune.search.trainable import STATE_FILE
 from tests.tune.workload import small_digits, spec
 
 

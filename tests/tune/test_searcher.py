@@ -8,7 +8,7 @@ from ray.tune.search import Searcher
 import hydro.trial.fusion as fusion_module
 from hydro.trial.fusion import PredictedFusion
 from hydro.tune import HydroSearcher, TuneSpec
-from hydro.tune.random_search import RandomSearch
+from hydro.tune.search.random_search import RandomSearch
 from hydro.trial.plan import TrialKind, plan_of
 from schedulers.scale_choice import AUTO_SCALES
 from tests.tune.workload import SPACE, mlp, sgd, small_digits, spec
@@ -97,7 +97,7 @@ def test_fusion_auto_uses_plan_fusion(monkeypatch):
     (1.0, None, 12),         # one slot: plan_fusion's ladder, up to all 12
 ])
 def test_fusion_auto_measures_the_counts_that_fill_the_trial_slots(monkeypatch, cpus, candidates, members):
-    import hydro.tune.searcher as searcher_module
+    import hydro.tune.search.searcher as searcher_module
 
     measured, real_plan_fusion = [], fusion_module.plan_fusion
 
@@ -149,7 +149,7 @@ def test_scale_auto_measures_once_at_the_first_member_and_its_trials_train_at_th
 
 
 def test_scale_auto_is_kept_across_save_and_restore_without_measuring_again(tmp_path, monkeypatch):
-    import hydro.tune.searcher as searcher_module
+    import hydro.tune.search.searcher as searcher_module
 
     s = HydroSearcher(spec(), RandomSearch(seed=1), num_samples=6, fusion=2, scale="auto")
     s.set_search_properties("val_acc", "max", SPACE)
@@ -189,7 +189,7 @@ def test_a_trial_holding_fewer_members_than_planned_is_not_taken_for_one_out_of_
     assert [len(p.members) for p in trials.values()] == [2, 2, 1]  # the last holds the one left
     (key,) = set(s.driver.state.trial_groups.values())
     ids = [m for m, _ in trials["t2"].members]
-    with caplog.at_level("WARNING", logger="hydro.tune.searcher"):
+    with caplog.at_level("WARNING", logger="hydro.tune.search.searcher"):
         s.on_trial_result("t2", {**member_result(ids, 1, {ids[0]: 0.5}), "max_fusion": 1})  # fused its one member
         assert s.driver.state.pool.fusion[key] == 2 and "ran out of memory" not in caplog.text
         ids = [m for m, _ in trials["t0"].members]  # two members, trained one at a time: out of memory

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hydro.tune.session import TrialLost, repeats
-from hydro.tune.trainable import _report_checkpoint
+from hydro.tune.search.session import TrialLost, repeats
+from hydro.tune.search.trainable import _report_checkpoint
 
 
 class FullDisk:

@@ -119,7 +119,7 @@ def test_transfer_options_default_to_the_policy_and_the_flags_set_them():
     import dataclasses
 
     from hydro.tune.cli import TRANSFER_OPTIONS, transfer_options
-    from hydro.tune.searcher import _SET_BY_SEARCHER
+    from hydro.tune.search.searcher import _SET_BY_SEARCHER
     from schedulers.transfer import Disagreement, TransferPolicy
 
     # every transfer option HydroSearcher takes is a flag

@@ -13,9 +13,9 @@ from ray.tune.schedulers import ASHAScheduler
 import hydro
 from hydro.examples.models import MLP
 from hydro.tune import HydroSearcher, best_configuration, member_table, trainable
-from hydro.tune.random_search import RandomSearch
-from hydro.tune.results import BEST_FILE, MEMBER_TABLE_FILE, write_results
-from hydro.tune.retry_logs import KeepResultsOnRetry
+from hydro.tune.search.random_search import RandomSearch
+from hydro.tune.search.results import BEST_FILE, MEMBER_TABLE_FILE, write_results
+from hydro.tune.search.retry_logs import KeepResultsOnRetry
 from tests.tune.workload import SPACE, spec
 
 def tuner(workload, searcher, path, name, callbacks=(), max_failures=0):

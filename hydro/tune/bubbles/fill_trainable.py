@@ -4,7 +4,7 @@ The Tune trial is a thin proxy that needs almost no CPU of its own: it asks the 
 (:mod:`hydro.tune.bubbles.service`) for a slot, attaches its fused trial (the ``HydroSearcher``'s plan of the
 user's ``TuneSpec``, a :class:`~hydro.trial.unit.FusedTrial` in a fill process) to the slot's host — a pipeline
 stage actor (gated by its bubbles) or a dedicated worker — and after every epoch takes the members' metrics,
-asks the run's per-member stopping rule (:class:`~hydro.tune.session.MemberSession`), tells the fill which
+asks the run's per-member stopping rule (:class:`~hydro.tune.search.session.MemberSession`), tells the fill which
 members go on and reports, with a checkpoint every ``TuneSpec.checkpoint_every`` epochs.
 
 Fusion follows the slot's free memory: when a slot holds fewer members than the trial has, the rest start
@@ -38,7 +38,7 @@ from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.spec import TuneSpec
 from hydro.tune.bubbles.service import SERVICE_NAME, unit_key
 from hydro.tune.pipeline.job import pickled_workload
-from hydro.tune.session import MemberSession, TrialFailed, TrialLost
+from hydro.tune.search.session import MemberSession, TrialFailed, TrialLost
 
 logger = logging.getLogger(__name__)
 

@@ -7,10 +7,16 @@
   refuses this machine's token before ``ray.init`` (which retries a refused join for half a minute).
 * A local cluster bound to 127.0.0.1: ``ray.init(_node_ip_address=...)`` binds every interface, so the driver's
   copy of the constant Ray reads must be set as its processes read the environment variable.
+* The ``ray.tune.run`` call a searcher is set up in: Tune hands a ``Searcher`` neither the run's trial scheduler
+  (which a ``HydroSearcher`` must refuse before trials start), nor its trainable's resource request (the trial
+  slots the search is fused for), nor its callbacks (whose reporter the run's ``RunReporter`` replaces).
+* The search algorithm of a restored ``tune.Tuner``: ``Tuner.restore`` unpickles it but keeps it private.
 """
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping
 
 
 def enable_token_auth_if_token_available() -> None:
@@ -50,3 +56,19 @@ def bind_local_cluster_to_loopback() -> None:
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def tune_run_locals() -> Mapping | None:
+    """The local variables of the ``ray.tune.run`` call (``tune.Tuner.fit`` calls it) this is called in (``None``
+    outside one): Tune hands a searcher nothing else about the run (its scheduler, trainable, callbacks)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "run" and frame.f_globals.get("__name__") == "ray.tune.tune":
+            return frame.f_locals
+        frame = frame.f_back
+    return None
+
+
+def restored_search_alg(tuner):
+    """The search algorithm (the user's ``Searcher``) ``tune.Tuner.restore`` restored into ``tuner``."""
+    return tuner._local_tuner._tune_config.search_alg

@@ -2,7 +2,7 @@
 ``interval_s`` seconds (and at the end) — members running/stopped/finished/failed/to start, the best member so
 far and the full-size target's status. ``hydro.tune.run.fit`` uses it instead of Ray's trial table (whose
 header counts ``num_samples=-1`` as 9223372036854775807 trials). A plain ``tune.Tuner`` with a ``HydroSearcher``
-gets it without asking (:class:`~hydro.tune.run_reporter.RunReporter`)."""
+gets it without asking (:class:`~hydro.tune.search.run_reporter.RunReporter`)."""
 from __future__ import annotations
 
 import logging
@@ -16,7 +16,7 @@ from ray.tune import Callback
 from ray.tune.experiment import Trial
 
 from hydro.trial.plan import TrialKind, plan_of
-from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
+from hydro.tune.search.session import ERROR_KEY, MEMBERS_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def show_progress() -> None:
 
 
 class MemberProgress(Callback):
-    """Logs :func:`count_members` (logger ``hydro.tune.progress``, INFO) every ``interval_s`` seconds."""
+    """Logs :func:`count_members` (logger ``hydro.tune.search.progress``, INFO) every ``interval_s`` seconds."""
 
     def __init__(self, metric: str, mode: str, num_samples: int, interval_s: float = 10.0) -> None:
         self.metric, self.mode, self.num_samples, self.interval_s = metric, mode, num_samples, interval_s

@@ -19,8 +19,8 @@ from hydro.binder import FusedModel, unfuse
 from hydro.trial.members import build_members
 from hydro.trial.plan import TrialKind, TrialPlan, plan_of
 from hydro.trial.spec import TuneSpec
-from hydro.tune.session import ERROR_KEY, MEMBERS_KEY
-from hydro.tune.trainable import STATE_FILE
+from hydro.tune.search.session import ERROR_KEY, MEMBERS_KEY
+from hydro.tune.search.trainable import STATE_FILE
 
 MEMBER_TABLE_FILE, BEST_FILE, MODEL_FILE = "hydro_members.csv", "hydro_best.json", "hydro_model.pt"
 ENERGY_COLUMNS = ("energy_j", "cost")  # each member's share (J) when trials are energy-tuned
@@ -210,7 +210,7 @@ def load_model(source: Result | str | os.PathLike, spec: TuneSpec | None = None)
     if plan.kind == TrialKind.SURROGATE:
         raise ValueError(f"hydro.tune.load_model: trial {result.path} trains fused surrogate members (scale "
                          f"{plan.scale}), not the full-size model; pass the target's result "
-                         f"(hydro.tune.results.target_result(results, spec)), in a run with a transfer_fraction, "
+                         f"(hydro.tune.search.results.target_result(results, spec)), in a run with a transfer_fraction, "
                          f"or the run directory: load_model(results.experiment_path)")
     if result.checkpoint is None:
         raise ValueError(f"hydro.tune.load_model: trial {result.path} has no checkpoint (it failed before its "

@@ -38,7 +38,7 @@ from hydro.trial.plan import plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.cluster.output import quiet_trial
-from hydro.tune.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession, TrialLost
+from hydro.tune.search.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession, TrialLost
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
 
 
 def _report_checkpoint(session: MemberSession, state: dict) -> None:
-    """Report the last step with a checkpoint of ``state``. Raises :class:`~hydro.tune.session.TrialLost` when
+    """Report the last step with a checkpoint of ``state``. Raises :class:`~hydro.tune.search.session.TrialLost` when
     writing it fails (a full disk, a storage folder that is gone or read-only): a storage fault, which Tune retries
     (the trial's own code did not raise)."""
     try:

@@ -1,7 +1,7 @@
 """What a plain ``tune.Tuner`` run with a ``HydroSearcher`` gets as ``hydro.tune.fit`` gives it, with nothing but
 the searcher passed: :class:`RunReporter` logs member progress in place of Ray's trial reporter (whose header counts
 ``num_samples=-1`` as 9223372036854775807 trials and whose config columns are empty for fused trials), keeps a
-retried trial's results (:class:`~hydro.tune.retry_logs.KeepResultsOnRetry`) and writes the member table, the best
+retried trial's results (:class:`~hydro.tune.search.retry_logs.KeepResultsOnRetry`) and writes the member table, the best
 configuration and the trained full-size model to the run directory at the end (``write_results``).
 
 The searcher adds it to the run it is set up in (:func:`attach`, from ``HydroSearcher.set_search_properties``)
@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -27,28 +25,18 @@ from ray.tune.experimental.output import AirVerbosity
 from ray.tune.experimental.output import ProgressReporter as AirProgressReporter
 from ray.tune.utils import flatten_dict
 
-from hydro.tune.progress import MemberProgress, show_progress
-from hydro.tune.results import failure_summary, failures_line, write_results
-from hydro.tune.retry_logs import RESULT_LOGS, KeepResultsOnRetry
+from hydro.tune.cluster.ray_internals import tune_run_locals
+from hydro.tune.search.progress import MemberProgress, show_progress
+from hydro.tune.search.results import failure_summary, failures_line, write_results
+from hydro.tune.search.retry_logs import RESULT_LOGS, KeepResultsOnRetry
 
 if TYPE_CHECKING:
-    from hydro.tune.searcher import HydroSearcher
+    from hydro.tune.search.searcher import HydroSearcher
 
 logger = logging.getLogger(__name__)
 
 JSON_LOG = RESULT_LOGS[0]  # Tune's JSON logger's file in a trial's folder
 _pending: list[tuple[HydroSearcher, str | None]] = []  # (searcher, RAY_TUNE_CALLBACKS before attach)
-
-
-def tune_run_locals() -> Mapping | None:
-    """The local variables of the ``ray.tune.run`` call (``tune.Tuner.fit`` calls it) this is called in (``None``
-    outside one): Tune hands a searcher nothing else about the run (its scheduler, trainable, callbacks)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "run" and frame.f_globals.get("__name__") == "ray.tune.tune":
-            return frame.f_locals
-        frame = frame.f_back
-    return None
 
 
 def attach(searcher: HydroSearcher) -> None:
@@ -87,7 +75,7 @@ def _restore(previous: str | None) -> None:
 
 
 class RunReporter(MemberProgress, KeepResultsOnRetry, AirProgressReporter):
-    """Member progress (logger ``hydro.tune.progress``) and the result files of a ``HydroSearcher`` run; made by
+    """Member progress (logger ``hydro.tune.search.progress``) and the result files of a ``HydroSearcher`` run; made by
     Tune from ``RAY_TUNE_CALLBACKS`` (see :func:`attach`), for the searcher that attached it."""
 
     def __init__(self) -> None:

@@ -33,12 +33,13 @@ from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
 from hydro.trial.data import DataSource
 from hydro.trial.scale_plan import measured_scale
 from hydro.trial.spec import TuneSpec
-from hydro.tune.member_decisions import start_service
-from hydro.tune.member_rules import refuse_trial_scheduler, stopping_rule
-from hydro.tune.random_search import RandomSearch
-from hydro.tune.run_reporter import attach, tune_run_locals
-from hydro.tune.session import ERROR_KEY, MEMBERS_KEY, TRIAL_CPUS_KEY, TRIAL_GPUS_KEY
-from hydro.tune.space_check import check_batch_size_space, other_values
+from hydro.tune.search.member_decisions import start_service
+from hydro.tune.search.member_rules import refuse_trial_scheduler, stopping_rule
+from hydro.tune.search.random_search import RandomSearch
+from hydro.tune.cluster.ray_internals import tune_run_locals
+from hydro.tune.search.run_reporter import attach
+from hydro.tune.search.session import ERROR_KEY, MEMBERS_KEY, TRIAL_CPUS_KEY, TRIAL_GPUS_KEY
+from hydro.tune.search.space_check import check_batch_size_space, other_values
 from schedulers.member_ledger import EventKind, MemberEvent
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
@@ -104,7 +105,7 @@ class HydroSearcher(Searcher):
             again from the start, so that no stage goes on without them (``fit`` sets it to its ``max_failures``).
         run_reporter: in a ``tune.Tuner`` run, do what ``fit`` does around its run (``fit`` passes ``False``):
             before the first trial, refuse a key outside ``TuneSpec.group_by`` that changes the model
-            (:func:`~hydro.trial.check.check_group_by`), and add a :class:`~hydro.tune.run_reporter.RunReporter`
+            (:func:`~hydro.trial.check.check_group_by`), and add a :class:`~hydro.tune.search.run_reporter.RunReporter`
             (member progress in place of Ray's trial reporter; the member table, best configuration and trained
             model written to the run directory at the end). A non-integer batch size in the param space is
             refused either way.

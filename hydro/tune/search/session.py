@@ -30,7 +30,7 @@ import torch
 from ray import tune
 
 from hydro.trial.check import describe
-from hydro.tune.member_decisions import lookup_service
+from hydro.tune.search.member_decisions import lookup_service
 from hydro.trial.plan import TrialKind, TrialPlan, plan_of
 from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS
 

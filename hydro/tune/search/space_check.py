@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from ray.tune.search.sample import Categorical, Domain, Float, Quantized
 
 from hydro.checks import is_whole
-from hydro.tune.random_search import RandomSearch
+from hydro.tune.search.random_search import RandomSearch
 
 BATCH_SIZE_KEY = "batch_size"
 INTEGER_DOMAINS = ("tune.choice([16, 32, 64, 128])", "tune.qrandint(16, 128, 16)", "tune.lograndint(16, 129)")

@@ -25,7 +25,7 @@ RESULT_LOGS = ("result.json", "progress.csv")  # Ray's JSON and CSV loggers' fil
 
 class KeepResultsOnRetry(tune.Callback):
     """Persist a trial's result logs to the storage path when it is retried (``hydro.tune.fit`` adds it; a
-    ``HydroSearcher`` adds it to a plain ``tune.Tuner`` run, in :class:`~hydro.tune.run_reporter.RunReporter`)."""
+    ``HydroSearcher`` adds it to a plain ``tune.Tuner`` run, in :class:`~hydro.tune.search.run_reporter.RunReporter`)."""
 
     def on_trial_recover(self, iteration: int, trials: list, trial, **info) -> None:
         try:
