@@ -15,11 +15,16 @@ def _uses_shared_cluster(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The modules with a test on the shared cluster (``ray_cluster``) run last, one after another in their
-    collected order (each module's tests keep theirs), so the cluster starts once for all of them."""
-    users = {item.module for item in items if _uses_shared_cluster(item)}
-    last = [item for item in items if getattr(item, "module", None) in users]
-    items[:] = [item for item in items if getattr(item, "module", None) not in users] + last
+    """The tests of the modules that use the shared cluster (``ray_cluster``), from each module's first test that
+    uses it on, run last, one module after another in their collected order (each module's tests keep theirs), so
+    the cluster starts once for all of them; a module's tests before that one run earlier, without it."""
+    first_users: dict = {}
+    for index, item in enumerate(items):
+        if _uses_shared_cluster(item):
+            first_users.setdefault(item.module, index)
+    last = [index >= first_users.get(getattr(item, "module", None), len(items)) for index, item in enumerate(items)]
+    items[:] = [item for item, at_end in zip(items, last) if not at_end] + [item for item, at_end in zip(items, last)
+                                                                            if at_end]
 
 
 def pytest_runtest_setup(item):
