@@ -338,9 +338,8 @@ def test_a_starved_idle_fill_is_not_taken_for_a_hung_one():
     loss, which burns 0.2 s of CPU) stays in flight for six times its unit time limit, and the watchdog, which does
     not count the time it waited for the core, finds it slow, not hung. (It starts at normal priority, so that its
     first steps do not wait for an idle core on a loaded machine, and is set to ``SCHED_IDLE``, every thread, as a
-    gated fill runs, once a unit is in flight. The loss is nearly all of a step's CPU time: starved between two
-    units, the fill soon reaches its next loss and is starved inside it, so the test never depends on where the
-    starvation caught it.)"""
+    gated fill runs, once it is inside its loss. Should it be starved between two units instead, it reaches its next
+    loss with a few ms of CPU and is starved inside that: the test never depends on where the starvation caught it.)"""
     import subprocess
     import sys
 
@@ -351,7 +350,15 @@ def test_a_starved_idle_fill_is_not_taken_for_a_hung_one():
                        plan=plan(), member_ids=MEMBER_IDS, idle=False, unit_timeout_s=0.5)
     starved_for = 6 * fill.unit_timeout_s
     try:
-        _until(lambda: fill._progress[_UNIT_STARTED] != 0, "a first unit in flight")
+        seen = [0.0, 0.0]  # the unit in flight and when this test first saw it
+
+        def in_its_loss() -> bool:  # one unit in flight for 50 ms: the loss (0.2 s of CPU), not a layer (~1 ms)
+            started, now = fill._progress[_UNIT_STARTED], time.monotonic()
+            if started != seen[0]:
+                seen[:] = [started, now]
+            return bool(started) and now - seen[1] > 0.05
+
+        _until(in_its_loss, "a unit in flight for 50 ms")
         for thread in os.listdir(f"/proc/{fill._process.pid}/task"):
             os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
         busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\n"
