@@ -22,7 +22,7 @@ from hydro.tune.bubbles.fill_trainable import STATE_FILE
 from hydro.tune.pipeline.job import PipelineJob, start_dedicated_hosts
 from hydro.tune.search.results import member_table
 from hydro.tune.run import TuningFailed, fit
-from tests.bubbles.workload import same_members, spec
+from tests.bubbles.workload import HeldLoss, same_members, spec
 from tests.tune.workload import SPACE, FaultAtEpoch, Recoveries, faults
 
 PIPELINE = PipelineSpec(width=128, depth=6, microbatches=4, microbatch_size=16)
@@ -169,34 +169,45 @@ def test_hydro_trials_fill_bubbles_exactly_overflow_into_another_fused_trial_and
 
 
 def test_job_end_and_host_death_move_members_on_without_loss(service, tmp_path):
+    """The job ends once a unit there finished an epoch; the unit goes on on a dedicated worker, where its loss
+    holds it mid-training (:class:`HeldLoss`) until that worker is killed: the kill always finds it there, however
+    fast or slow the machine (the fill cannot finish first)."""
     job = RunningJob(service, "ending")
-
+    held = tmp_path / "held"
+    held.mkdir()
     killed: list[str] = []
     FIRST_EPOCH.clear()
 
     def disrupt() -> None:
-        """End the job once a unit there finished an epoch; then kill the dedicated worker a unit moves to, once
-        its fill trial has trained a step there."""
+        """End the job once a unit there finished an epoch; then kill the dedicated worker the unit moved to, once
+        its fill trial has trained a step there and is held in its loss."""
         deadline = time.monotonic() + DEADLINE_S
-        while not (FIRST_EPOCH.is_set() and any(s["trial"] and s["job"] == "ending"
-                                                 for s in ray.get(service.slots.remote()))):
-            if time.monotonic() > deadline:
-                return  # (the assertions below say so)
-            threading.Event().wait(0.05)
-        job.end()
-        while time.monotonic() < deadline:
-            for slot in ray.get(service.slots.remote()):
-                if slot["name"].startswith("dedicated/") and slot["trial"]:
-                    host = ray.get_actor(f"hydro-bubbles/{slot['name']}")
-                    if (ray.get(host.fill_steps.remote()) or 0) > 0:
-                        killed.append(slot["name"])
-                        ray.kill(host)
-                        return
-            threading.Event().wait(0.05)
+        try:
+            while not (FIRST_EPOCH.is_set() and any(s["trial"] and s["job"] == "ending"
+                                                     for s in ray.get(service.slots.remote()))):
+                if time.monotonic() > deadline:
+                    return  # (the assertions below say so)
+                threading.Event().wait(0.05)
+            job.end()
+            (held / "hold").touch()
+            while time.monotonic() < deadline and not killed:
+                if (held / "held").exists():
+                    for slot in ray.get(service.slots.remote()):
+                        if slot["name"].startswith("dedicated/") and slot["trial"]:
+                            host = ray.get_actor(f"hydro-bubbles/{slot['name']}")
+                            if (ray.get(host.fill_steps.remote()) or 0) > 0:
+                                killed.append(slot["name"])
+                                ray.kill(host)
+                                break
+                threading.Event().wait(0.05)
+        finally:
+            (held / "release").touch()
 
     disruptor = threading.Thread(target=disrupt, daemon=True)
     disruptor.start()
-    results, _ = _fit(tmp_path, "ending", num_samples=2, transfer_fraction=None, callbacks=[EpochReported()])
+    results, _ = fit(spec(epochs=EPOCHS, loss=HeldLoss(str(held))), SPACE, num_samples=2, fusion=2,
+                     transfer_fraction=None, storage_path=str(tmp_path), name="ending", verbose=0, max_failures=0,
+                     bubbles=True, callbacks=[EpochReported()])
     disruptor.join(timeout=DEADLINE_S)
     assert not disruptor.is_alive(), "the disruptor still waits"
     (result,) = results

@@ -1,5 +1,6 @@
 """The fill trials' workload: a user TuneSpec (a digits MLP, plain torch SGD), a loss that can fail on
-purpose (raise, SIGKILL or hang at its n-th call in a process), and the same trial trained alone."""
+purpose (raise, SIGKILL or hang at its n-th call in a process), a loss that holds a fill mid-training where a test
+wants it, and the same trial trained alone."""
 from __future__ import annotations
 
 import os
@@ -44,6 +45,39 @@ class FaultyLoss:
             if self.fault == "hang":
                 time.sleep(3600)
         return nn.functional.cross_entropy(output, target)
+
+
+_training_calls = [0]  # training calls of HeldLoss in this process
+
+
+@dataclass
+class HeldLoss:
+    """Cross-entropy, except that while ``<folder>/hold`` exists and ``<folder>/release`` does not, the first
+    process to make a training call after its first one (a step trained in that process) creates ``<folder>/held``
+    and waits in it until ``release`` appears (at most 60 s): a fill trial held mid-training on whichever host it
+    runs on once the test creates ``hold``, with no race against the fill's own speed."""
+
+    folder: str
+
+    def __call__(self, output, target):
+        if torch.is_grad_enabled():  # a training step (evaluation runs without grad)
+            _training_calls[0] += 1
+            if _training_calls[0] >= 2 and self._hold_here():
+                release, deadline = os.path.join(self.folder, "release"), time.monotonic() + 60.0
+                while not os.path.exists(release) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+        return nn.functional.cross_entropy(output, target)
+
+    def _hold_here(self) -> bool:
+        """Whether this call is the one held (``hold`` set, not released, ``held`` not yet created by anyone)."""
+        if not os.path.exists(os.path.join(self.folder, "hold")) or os.path.exists(os.path.join(self.folder,
+                                                                                                 "release")):
+            return False
+        try:
+            os.close(os.open(os.path.join(self.folder, "held"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
 
 
 def spec(epochs: int = 3, fault: str | None = None, at: int = 0, **overrides) -> TuneSpec:
