@@ -55,15 +55,3 @@ def test_stages_sum_their_trials_times_and_the_idle_gaps_between_them():
     assert (second["start_s"], second["idle_before_s"], second["worker_start_s"]) == (12.0, 1.0, 0.0)
     assert (target["start_s"], target["idle_before_s"], target["worker_start_s"]) == (19.0, 0.0, 2.5)
 
-
-def test_e2e_speedups_are_against_stock_with_asha_and_without_early_stopping():
-    from benchmarks.e2e_tuning import add_speedups
-
-    rows = [{"run": "(a) stock Ray Tune + ASHA, full size", "wall_s": 120.0},
-            {"run": "(n) stock Ray Tune, no early stopping", "wall_s": 300.0},
-            {"run": "(c) Hydro S=8 + fusion", "wall_s": 40.0}]
-    assert add_speedups(rows) is rows[0]
-    assert [(r["speedup_vs_a"], r["speedup_vs_n"]) for r in rows] == [(1.0, 2.5), (0.4, 1.0), (3.0, 7.5)]
-    rows = [rows[0], rows[2]]  # without (n): no speed-up against it
-    add_speedups(rows)
-    assert [r["speedup_vs_n"] for r in rows] == [None, None]
