@@ -2,12 +2,17 @@
 
 N configurations of SGD (lr, momentum, weight decay) for a 64-1024-1024-10 MLP on scikit-learn's digits are
 drawn once (random search, fixed seed) and tuned by
-  (a) stock Ray Tune: one full-size, unfused trial per configuration (BasicVariantGenerator replaying them);
+  (a) stock Ray Tune with ASHA, the reference: one full-size, unfused trial per configuration
+      (BasicVariantGenerator replaying them), stopped early by ``ASHAScheduler`` as users run it: grace period 1
+      epoch, reduction factor 2 (successive halving: rungs at 1, 2, 4, ... epochs; Tune's default factor is 4);
+  (n) stock Ray Tune without early stopping: the same trials, every one for all epochs;
   (b) Hydro, fusion only (S=1): HydroSearcher with the same configurations in fused trials;
   (c) Hydro, S=8 + fusion;
   (d) Hydro with Optuna TPE as the inner searcher (N suggestions of its own; S=8);
   (e) Hydro with ``scale="auto"`` + fusion (the surrogate scale measured before Ray starts; random search).
-All runs allow the same number of concurrent trials (``--concurrency``, default 2 = the cores). Each run's
+``--scheduler`` is the early stopping of Hydro's runs (b)-(e) (default none); (a) and (n) run as above
+whatever it says. The table gives every run's speed-up against (a) and against (n) (where run), and the stock
+runs' mean epochs trained per configuration. All runs allow the same number of concurrent trials (``--concurrency``, default 2 = the cores). Each run's
 best configuration is then trained at full size with one fixed seed (the "target"), and its validation
 accuracy reported (for Hydro runs this repeats the run's own target trial: ``in_run_best`` is the
 same number). Prints a table and writes JSON to ``benchmarks/results/e2e_tuning.json``; each run's ``stages`` (its
@@ -16,7 +21,7 @@ stage, and the seconds its trials spent starting fresh workers, in set-up (data,
 members), training, evaluation and checkpoints, as the trials report them) say where its time went.
 
     python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 15] [--hidden 1024] [--scheduler none|asha]
-                                    [--runs abcde] [--workload digits-mlp|cifar-resnet|resmlp-wide]
+                                    [--runs nabcde] [--workload digits-mlp|cifar-resnet|resmlp-wide]
                                     [--device auto|cpu|cuda] [--gpus-per-trial G] [--target-seeds K]
                                     [--data-workers W] [--image-noise X] [--images N] [--large]
 
@@ -83,14 +88,16 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--hidden", type=int, default=1024, help="hidden width of the full-size MLP")
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--scheduler", choices=["none", "asha"], default="none")
+    parser.add_argument("--scheduler", choices=["none", "asha"], default="none",
+                        help="early stopping of Hydro's runs (b)-(e); stock runs both with ASHA (a) and without (n)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="16 configurations, 3 epochs, width 256")
     parser.add_argument("--large", action="store_true",
                         help="cifar-resnet's larger workload: 32 configurations, 15 epochs, 10,000 training images")
     parser.add_argument("--images", type=at_least(1), default=5000,
                         help="cifar-resnet: generated training images (validation: 1,000)")
-    parser.add_argument("--runs", default="abcd", help="which runs, e.g. 'acd' ((a) is the reference: always run)")
+    parser.add_argument("--runs", default="nabcd",
+                        help="which runs, e.g. 'acd' ((a), stock with ASHA, is the reference: always run)")
     parser.add_argument("--storage", default="/tmp/hydro_e2e")
     parser.add_argument("--workload", choices=["digits-mlp", "cifar-resnet", "resmlp-wide"], default="digits-mlp")
     parser.add_argument("--device", default="auto", help="TuneSpec.device: auto (the GPU Ray gives a trial), cpu, cuda")
@@ -117,7 +124,8 @@ def main() -> int:
     scheduler = (lambda: asha(spec)) if args.scheduler == "asha" else (lambda: None)
     hydro_options = dict(num_samples=args.samples, storage_path=args.storage, seed=args.seed, verbose=0,
                          max_concurrent_trials=args.concurrency, gpus_per_trial=args.gpus_per_trial)
-    runs = [("(a) stock Ray Tune, full size, unfused", 1, lambda: stock(spec, space, configs, args, scheduler())),
+    runs = [("(a) stock Ray Tune + ASHA, full size", 1, lambda: stock(spec, space, configs, args, asha(spec), "a")),
+            ("(n) stock Ray Tune, no early stopping", 1, lambda: stock(spec, space, configs, args, None, "n")),
             ("(b) Hydro fusion only (S=1)", 1, lambda: hydro_run(spec, space, 1, None, scheduler(), hydro_options,
                                                                  args, "b", configs))]
     runs.append(("(c) Hydro S=8 + fusion", 8, lambda: hydro_run(spec, space, 8, None, scheduler(),
@@ -138,6 +146,7 @@ def main() -> int:
                           for i in range(args.target_seeds)) or Score(math.nan, math.nan, 0)  # (none finite)
         timeline = stages(results, started_at)
         rows.append({"run": name, "wall_s": wall, "best_config": best_config, "in_run_best": in_run,
+                     "epochs_per_config": epochs_per_config(results) if name.startswith(STOCK) else None,
                      "target_" + spec.metric: target.mean, "target_spread": target.spread,
                      "target_seeds": target.count, "data_wait_fraction": data_wait, "stages": timeline,
                      "gpu_util_pct": gpu.util_pct, "gpu_energy_j": gpu.energy_j})
@@ -266,15 +275,25 @@ def _stage_table(timeline: list[dict]) -> str:
     return "\n".join([header, *rows])
 
 
-def stock(spec: TuneSpec, space: dict, configs: list[dict], args,
-          scheduler) -> tuple[dict, float, float, tune.ResultGrid]:
-    """Stock Ray Tune: every configuration as its own full-size trial of the same trainable."""
+STOCK = ("(a)", "(n)")  # the stock runs' name prefixes
+
+
+def epochs_per_config(results: tune.ResultGrid) -> float:
+    """Mean over a stock run's trials of the epochs each trained (its last ``training_iteration``)."""
+    epochs = [r.metrics["training_iteration"] for r in results if r.metrics]
+    return sum(epochs) / len(epochs) if epochs else math.nan
+
+
+def stock(spec: TuneSpec, space: dict, configs: list[dict], args, scheduler,
+          name: str) -> tuple[dict, float, float, tune.ResultGrid]:
+    """Stock Ray Tune: every configuration as its own full-size trial of the same trainable (``scheduler``: its
+    early stopping, ``None`` for none); ``name``: the run's experiment name under ``--storage``."""
     tuner = tune.Tuner(
         trainable(spec, gpus_per_trial=args.gpus_per_trial), param_space=space,
         tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=list(configs)),
                                     num_samples=len(configs), metric=spec.metric, mode=spec.mode, reuse_actors=True,
                                     max_concurrent_trials=args.concurrency, scheduler=scheduler),
-        run_config=tune.RunConfig(storage_path=args.storage, name="stock", verbose=0),
+        run_config=tune.RunConfig(storage_path=args.storage, name=f"stock-{name}", verbose=0),
     )
     results = tuner.fit()
     assert sorted(map(repr, (r.config for r in results))) == sorted(map(repr, configs))
@@ -309,23 +328,36 @@ def train_full_size(spec: TuneSpec, config: dict, mup: bool, seed: int) -> dict[
     return {k: float(v[0]) for k, v in target.evaluate().items()}
 
 
+def add_speedups(rows: list[dict]) -> dict:
+    """Set each row's ``speedup_vs_a`` (the first row's, stock with ASHA's, wall time over its own) and
+    ``speedup_vs_n`` (stock without early stopping's over its own; ``None`` when (n) did not run). Returns the
+    first row."""
+    base = rows[0]
+    no_stopping = next((row for row in rows if row["run"].startswith("(n)")), None)
+    for row in rows:
+        row["speedup_vs_a"] = base["wall_s"] / row["wall_s"]
+        row["speedup_vs_n"] = None if no_stopping is None else no_stopping["wall_s"] / row["wall_s"]
+    return base
+
+
 def report(rows: list[dict], spec: TuneSpec, args) -> None:
     metric = "target_" + spec.metric
-    base = rows[0]
-    print(f"\n{args.workload}: N={args.samples} configurations, {args.epochs} epochs, scheduler={args.scheduler}, "
+    base = add_speedups(rows)
+    print(f"\n{args.workload}: N={args.samples} configurations, {args.epochs} epochs, (a) stock with ASHA (grace 1, "
+          f"reduction factor 2), Hydro's scheduler={args.scheduler}, "
           f"target seeds={args.target_seeds}, "
           f"concurrency={args.concurrency}, device={args.device}, gpus/trial={args.gpus_per_trial}, {os.cpu_count()} "
           f"CPUs (load average at the end: {os.getloadavg()[0]:.1f})\n")
-    print(f"{'run':<42} {'wall s':>7} {'speed-up':>9} {'in-run best':>11} {metric:>15} {'rel. to (a)':>11} "
-          f"{'data wait':>9} {'GPU util':>8} {'GPU kJ':>8}  best configuration")
+    print(f"{'run':<42} {'wall s':>7} {'vs (a)':>8} {'vs (n)':>8} {'epochs':>6} {'in-run best':>11} {metric:>15} "
+          f"{'rel. to (a)':>11} {'data wait':>9} {'GPU util':>8} {'GPU kJ':>8}  best configuration")
     for row in rows:
-        row["speedup_vs_a"] = base["wall_s"] / row["wall_s"]
         row["relative_to_a"] = (row[metric] - base[metric]) / abs(base[metric])
         config = ", ".join(f"{k}={v:.3g}" for k, v in row["best_config"].items())
         kilojoules = None if row["gpu_energy_j"] is None else row["gpu_energy_j"] / 1e3
         target = f"{row[metric]:.4f}" + (f" ± {row['target_spread']:.4f}" if row["target_seeds"] > 1 else "") + \
             (f" (n={row['target_seeds']})" if row["target_seeds"] < args.target_seeds else "")  # diverged seeds
-        print(f"{row['run']:<42} {row['wall_s']:7.0f} {row['speedup_vs_a']:8.2f}x {row['in_run_best']:11.4f} "
+        print(f"{row['run']:<42} {row['wall_s']:7.0f} {row['speedup_vs_a']:7.2f}x {_shown(row['speedup_vs_n'], '.2f', 'x')} "
+              f"{_shown(row['epochs_per_config'], '.1f', '', 6)} {row['in_run_best']:11.4f} "
               f"{target:>15} {row['relative_to_a']:+10.2%} {row['data_wait_fraction']:9.1%} "
               f"{_shown(row['gpu_util_pct'], '.0f', '%')} {_shown(kilojoules, '.1f', '')}  {config}")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -336,15 +368,16 @@ def report(rows: list[dict], spec: TuneSpec, args) -> None:
         out = out.with_name(f"{out.stem}_images{args.images}.json")
     if args.seed:
         out = out.with_name(f"{out.stem}_seed{args.seed}.json")
-    out.write_text(json.dumps({"args": vars(args), "python": sys.version.split()[0], "torch": torch.__version__,
+    out.write_text(json.dumps({"args": vars(args), "baseline": "(a) stock Ray Tune with ASHA: grace 1, reduction factor 2",
+                               "python": sys.version.split()[0], "torch": torch.__version__,
                                "ray": ray.__version__, "machine": platform.machine(), "rows": rows},
                               indent=2, default=str))
     print(f"\nwritten: {out}")
 
 
-def _shown(value: float | None, spec: str, unit: str) -> str:
-    """``value`` formatted for the table, right-aligned in 8 columns; ``-`` when not measured."""
-    return f"{'-' if value is None else format(value, spec) + unit:>8}"
+def _shown(value: float | None, spec: str, unit: str, width: int = 8) -> str:
+    """``value`` formatted for the table, right-aligned in ``width`` columns; ``-`` when not measured."""
+    return f"{'-' if value is None else format(value, spec) + unit:>{width}}"
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 Per workload, N configurations are drawn once (seeded random search) and tuned
   * stock: every configuration trained at full size as written (standard parametrization, unfused);
+  * stock + ASHA, the speed baseline: the same trainings, one at a time in the drawn order, evaluated after every
+    epoch and stopped early as Ray Tune's ``ASHAScheduler`` stops them (``schedulers.member_stopping.ASHA``, the
+    same rule; grace period 1 epoch, reduction factor 2, as users run it; Tune's default factor is 4); its
+    returned configuration is the one with the best last score;
   * Hydro S=4 / S=8: all N as µP surrogates of width ÷ S in one fused trial, then the best one's configuration
     trained at full size in µP (the target, as ``HydroSearcher``'s target trial trains it);
   * Hydro S=4 / S=8 with the remedies of ``schedulers.transfer.TransferPolicy`` (seed repeats, width ladder,
@@ -18,7 +22,8 @@ without the target training's noise, the member's initialisation seed differing 
 configuration's own mean over those seeds against it ("expected": both configurations trained the same way on the
 same seeds, so neither the target's seed nor the maximum over N noisy stock runs decides), Spearman rank
 correlation of the search's surrogate scores with the full-size ones over the N configurations, the transfer
-check of the remedies, and time; and, apart from the variants, every configuration trained at S=8, 4 and 2 (one
+check of the remedies, and time (each variant's speed-up against stock + ASHA, the default baseline, and against
+stock without early stopping); and, apart from the variants, every configuration trained at S=8, 4 and 2 (one
 fused trial each): each scale's Spearman against stock's full-size scores and where stock's best ranks there,
 how far down the widths transfer holds on the workload. Training runs in this process with
 ``hydro.trial.FusedTrial`` (no Ray: the same unit Ray trials run, without scheduling overheads), one torch
@@ -57,6 +62,7 @@ from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.search.random_search import RandomSearch
+from schedulers.member_stopping import ASHA, score
 from schedulers.scale_choice import AUTO
 from schedulers.transfer import Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
 
@@ -181,6 +187,30 @@ class Trainer:
 def stock(trainer: Trainer, configs: dict[str, dict]) -> dict[str, float]:
     """Every configuration at full size, as written (a stock Ray Tune trial)."""
     return {c: trainer.run(TrialPlan(TrialKind.PLAIN, [(c, config)]))[c] for c, config in configs.items()}
+
+
+ASHA_REDUCTION_FACTOR = 2  # stock + ASHA's: successive halving, rungs at 1, 2, 4, ... epochs
+
+
+def stock_asha(trainer: Trainer, configs: dict[str, dict]) -> dict:
+    """Every configuration at full size as written, one at a time in ``configs``' order, evaluated after each
+    epoch and stopped by ASHA (grace period 1, reduction factor ``ASHA_REDUCTION_FACTOR``, at the spec's epochs).
+    Returns ``seconds`` (CPU time, evaluations included), ``scores`` (each configuration's last score),
+    ``epochs`` (each one's epochs trained) and ``best`` (the configuration with the best last score)."""
+    spec = trainer.spec
+    rule = ASHA(max_t=spec.epochs, grace_period=1, reduction_factor=ASHA_REDUCTION_FACTOR)
+    start = time.process_time()
+    scores, epochs = {}, {}
+    for c, config in configs.items():
+        trial = FusedTrial(spec, TrialPlan(TrialKind.PLAIN, [(c, config)]), trainer.data)
+        for epoch in range(1, spec.epochs + 1):
+            trial.train_epoch()
+            scores[c], epochs[c] = float(trial.evaluate()[spec.metric][0]), epoch
+            if rule.on_result(c, epoch, score(scores[c], spec.mode)):
+                break
+    sign = -1 if spec.mode == "max" else 1
+    return {"seconds": time.process_time() - start, "scores": scores, "epochs": epochs,
+            "best": min(scores, key=lambda c: sign * scores[c])}
 
 
 def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy,
@@ -315,6 +345,16 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         mup_score = Score.of([trainer.target(configs[top], mup=True, seed=s) for s in (spec.seed, *NOISE_SEEDS)])
     print(f"[{workload.name}] stock: {stock_seconds:.0f} s, best {top} {full[top]:.4f}; its seeds {noise_score}; "
           f"as a µP target {mup_score}", flush=True)
+    if reused and "asha" in previous["stock"]:
+        asha = previous["stock"]["asha"]
+    else:
+        load = os.getloadavg()[0]
+        asha = stock_asha(trainer, configs)
+        asha["load"] = [load, os.getloadavg()[0]]
+        asha["epochs_per_config"] = sum(asha["epochs"].values()) / len(asha["epochs"])
+        asha["shortfall"] = shortfall(spec, full[asha["best"]], full[top])  # its choice, as stock trained it
+    print(f"[{workload.name}] stock + ASHA: {asha['seconds']:.0f} s, {asha['epochs_per_config']:.1f} epochs per "
+          f"configuration, best {asha['best']} (stock's score {full[asha['best']]:.4f})", flush=True)
     by_scale = previous["stock"]["by_scale"] if reused and "by_scale" in previous["stock"] else {
         str(scale): {c: score.mean for c, score in trainer.surrogates(configs, scale, 1).items()}
         for scale in TABLE_SCALES}
@@ -333,7 +373,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
             run["scale_choice"] = {"scale": choice.scale, "step_s": choice.step_s, "reason": choice.reason,
                                    "seconds": measuring}
         run["load"] = [load, os.getloadavg()[0]]  # its time's conditions: a --reuse run keeps earlier variants'
-        run["speedup"] = stock_seconds / run["seconds"]
+        run["speedup"] = stock_seconds / run["seconds"]  # against stock without early stopping
         run["shortfall"] = shortfall(spec, run["target"], full[top])
         common = list(configs)
         run["spearman_search_vs_full"] = spearman([run["search_scores"][c] for c in common], [full[c] for c in common])
@@ -352,6 +392,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
             first = targets[c][0] if c in targets else trainer.target(configs[c], mup=True)
             expected[c] = Score.of([first] + [trainer.target(configs[c], mup=True, seed=s) for s in NOISE_SEEDS])
     for run in runs.values():  # the returned configuration as stock trained it: the choice, without target noise
+        run["speedup_vs_asha"] = asha["seconds"] / run["seconds"]
         run["config_shortfall"] = shortfall(spec, full[run["returned"]], full[top])
         run["shortfall_mup"] = shortfall(spec, run["target"], mup_score.mean)
         mine = expected[run["returned"]]
@@ -362,6 +403,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         run["expected_shortfall_se"] = error if spec.mode == "max" else error / abs(mup_score.mean)
     return {"kind": workload.kind, "metric": spec.metric, "mode": spec.mode, "epochs": spec.epochs,
             "configs": configs, "stock": {"seconds": stock_seconds, "load": stock_load, "scores": full, "best": top,
+                                          "asha": asha,
                                           "best_value": full[top], "best_seeds": vars(noise_score),
                                           "best_mup": vars(mup_score), "by_scale": by_scale,
                                           "by_scale_vs_full": scale_agreement(spec, by_scale, full, top),
@@ -380,17 +422,22 @@ def report(results: dict) -> None:
         print(f"  stock: {stock_res['seconds']:.0f} s, best {stock_res['best_value']:.4f}; its config over "
               f"{noise['count']} seeds {noise['mean']:.4f} ± {noise['spread']:.4f}, as a µP target "
               f"{stock_res['best_mup']['mean']:.4f} ± {stock_res['best_mup']['spread']:.4f}")
+        asha = stock_res["asha"]
+        print(f"  stock + ASHA (grace 1, reduction factor {ASHA_REDUCTION_FACTOR}): {asha['seconds']:.0f} s, "
+              f"{asha['epochs_per_config']:.1f} epochs per configuration, its choice's shortfall "
+              f"{asha['shortfall']:+.4f}")
         print("  each scale's ranking of all configurations against stock's: " + ", ".join(
             f"S={scale} Spearman {a['rho']:.2f}, stock's best ranks {a['best_rank']}"
             for scale, a in stock_res["by_scale_vs_full"].items()))
-        print(f"  {'variant':<30} {'CPU s':>7} {'speed-up':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
+        print(f"  {'variant':<30} {'CPU s':>7} {'vs ASHA':>8} {'vs stock':>8} {'target':>8} {'shortfall':>9} {'config':>7} "
               f"{'vs µP':>7} {'expected ± se':>16} {'Spearman':>8} {'checks (rho)':>14} {'warns':>5} "
               f"{'escalated, fallback':>20}  trail (scale: score)")
         for variant, run in res["runs"].items():
             checks = ",".join(f"{c['rho']:.2f}" for c in run["checks"] if c["configs"] >= 3) or "-"
             trail = " -> ".join(f"{s}: {v['mean']:.4f}" for s, v in run["trail"])
             extra = ",".join((["escalated"] if run.get("escalation") else []) + run.get("fallback", [])) or "-"
-            print(f"  {variant:<30} {run['seconds']:7.0f} {run['speedup']:7.1f}x {run['target']:8.4f} "
+            print(f"  {variant:<30} {run['seconds']:7.0f} {run['speedup_vs_asha']:7.1f}x {run['speedup']:7.1f}x "
+                  f"{run['target']:8.4f} "
                   f"{run['shortfall']:+9.4f} {run['config_shortfall']:+7.4f} "
                   f"{run['shortfall_mup']:+7.4f} {run['expected_shortfall']:+8.4f} ± {run['expected_shortfall_se']:.4f} "
                   f"{run['spearman_search_vs_full']:8.2f} {checks:>14} "
@@ -409,13 +456,13 @@ def plot(results: dict, path: Path) -> None:
         line = None
         for variant, run in res["runs"].items():
             marker = markers[variants.index(variant) % len(markers)]
-            points = ax.scatter(run["speedup"], 100 * run["shortfall"], marker=marker,
+            points = ax.scatter(run["speedup_vs_asha"], 100 * run["shortfall"], marker=marker,
                                 color=line.get_facecolor() if line is not None else None,
                                 label=f"{name}: {variant}")
             line = line or points
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.axhline(0.0, color="black", linewidth=0.5)
-    ax.set_xlabel("speed-up over stock full-size search (CPU time, 1 thread)")
+    ax.set_xlabel("speed-up over stock full-size search with ASHA (CPU time, 1 thread)")
     ax.set_ylabel("target shortfall vs stock's best (points, or % of loss)")
     ax.set_title("Transfer fidelity: Hydro's returned configuration at full size")
     ax.legend(fontsize=6, ncol=2)

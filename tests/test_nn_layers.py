@@ -212,3 +212,36 @@ def test_fused_attention_equals_the_members_alone_bitwise(masks, max_batch, monk
         assert torch.equal(out[i], alone)
         assert torch.equal(fused_x.grad[i], alone_x.grad)
         torch.testing.assert_close(twin.in_proj_weight.grad[i], module.in_proj_weight.grad)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(11, 64, 128, 256), (3, 4, 8, 64, 32), (2, 7, 1, 3)])
+def test_row_major_linear_gradients_are_autograds_bitwise_without_copying_the_weight(shape, bias):
+    """fused_linear's row-major path (activations wider than weights) returns the weight gradient in the weight's
+    layout: the same bits as autograd's ``x @ weight^T``, and no copy of the weight gradient in the backward."""
+    from hydro.nn.linear import fused_linear
+    from hydro.trial.host_syncs import HostSyncCounter
+
+    torch.manual_seed(0)
+    members, *batch, in_features, out_features = shape
+    inputs = [torch.randn(members, *batch, in_features), torch.randn(members, out_features, in_features),
+              torch.randn(members, out_features) if bias else None]
+    mine, reference = ([_float_leaf(t) if t is not None else None for t in inputs] for _ in range(2))
+    y = fused_linear(*mine)
+    x, weight, b = reference
+    flat = x.reshape(members, -1, in_features)
+    expected = torch.bmm(flat, weight.transpose(1, 2)) if b is None else \
+        torch.baddbmm(b.unsqueeze(1), flat, weight.transpose(1, 2))
+    assert torch.equal(y, expected.view(members, *batch, out_features))
+    grad = torch.randn_like(y)
+    with HostSyncCounter() as count:
+        y.backward(grad)
+    expected.backward(grad.view_as(expected))
+    assert count.ops["aten.copy_"] == 0 and count.ops["aten.clone"] == 0
+    for got, want in zip(mine, reference):
+        if got is not None:
+            assert torch.equal(got.grad, want.grad)
+    x = mine[0].detach()  # an input that needs no gradient: only the parameters get one
+    y = fused_linear(x, mine[1], mine[2])
+    y.backward(grad)
+    assert torch.equal(mine[1].grad, 2 * reference[1].grad)

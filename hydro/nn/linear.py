@@ -70,8 +70,35 @@ def fused_linear(x: Tensor, weight: Tensor, bias: Tensor | None, *, shared: bool
         else:
             y = torch.baddbmm(bias.unsqueeze(2), weight, flat.transpose(1, 2))
         return y.transpose(1, 2).view(members, *x.shape[1:-1], out_features)
-    if bias is None:
+    if flat.device.type == "cpu" and torch.is_grad_enabled() and weight.requires_grad \
+            and not torch.is_autocast_enabled("cpu"):
+        y = _RowMajorLinear.apply(flat, weight, bias)
+    elif bias is None:
         y = torch.bmm(flat, weight.transpose(1, 2))
     else:
         y = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
     return y.view(members, *x.shape[1:-1], out_features)
+
+
+class _RowMajorLinear(torch.autograd.Function):
+    """``y = x @ weight^T + bias`` (``x [F, N, in]``, ``weight [F, out, in]``, ``bias [F, out]`` or ``None``) whose
+    backward computes the weight gradient as ``grad_y^T @ x``, in the weight's own ``[F, out, in]`` layout:
+    autograd's ``x^T @ grad_y`` is its transpose, which accumulating into ``weight.grad`` copies element by element
+    (a strided copy of every weight per step). On CPU both give the same bits (the same products, summed in the
+    same order); the other gradients are autograd's."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        # forward(ctx, ...) rather than setup_context: apply then binds no signature (inspect) per call
+        ctx.save_for_backward(x, weight)
+        if bias is None:
+            return torch.bmm(x, weight.transpose(1, 2))
+        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias

@@ -1,0 +1,47 @@
+"""The benchmarks' stock baselines: stock Ray Tune with ASHA (the reference) and without early stopping."""
+from __future__ import annotations
+
+import math
+
+from benchmarks.e2e_tuning import add_speedups
+from benchmarks.transfer_fidelity import Trainer, stock_asha
+from hydro.trial.plan import TrialKind, TrialPlan
+from hydro.trial.unit import FusedTrial
+from hydro.tune.examples import digits_mlp
+from hydro.tune.random_search import RandomSearch
+from schedulers.member_stopping import ASHA, score
+
+
+def test_e2e_speedups_are_against_stock_with_asha_and_without_early_stopping():
+    rows = [{"run": "(a) stock Ray Tune + ASHA, full size", "wall_s": 120.0},
+            {"run": "(n) stock Ray Tune, no early stopping", "wall_s": 300.0},
+            {"run": "(c) Hydro S=8 + fusion", "wall_s": 40.0}]
+    assert add_speedups(rows) is rows[0]
+    assert [(r["speedup_vs_a"], r["speedup_vs_n"]) for r in rows] == [(1.0, 2.5), (0.4, 1.0), (3.0, 7.5)]
+    rows = [rows[0], rows[2]]  # without (n): no speed-up against it
+    add_speedups(rows)
+    assert [r["speedup_vs_n"] for r in rows] == [None, None]
+
+
+def test_transfer_fidelity_stock_asha_stops_as_asha_stops_the_full_trajectories():
+    """In-process stock + ASHA makes the decisions Ray Tune's rule makes on each configuration's per-epoch scores
+    (training is deterministic: a configuration's first epochs score the same whether or not it goes on)."""
+    spec, space = digits_mlp(epochs=4, hidden=16)
+    drawn = RandomSearch(space, seed=0)
+    configs = {f"c{i}": drawn.suggest(str(i)) for i in range(6)}
+    trainer = Trainer(spec, spec.load_data())
+    result = stock_asha(trainer, configs)
+    trajectories = {}  # every configuration trained for all epochs: its score after each
+    for c, config in configs.items():
+        trial = FusedTrial(spec, TrialPlan(TrialKind.PLAIN, [(c, config)]), trainer.data)
+        trajectories[c] = []
+        for _ in range(spec.epochs):
+            trial.train_epoch()
+            trajectories[c].append(float(trial.evaluate()[spec.metric][0]))
+    rule, epochs, last = ASHA(max_t=spec.epochs, grace_period=1, reduction_factor=2), {}, {}
+    for c, values in trajectories.items():  # the rule replayed on them, in the same order
+        epochs[c] = next(e for e, v in enumerate(values, 1) if rule.on_result(c, e, score(v, spec.mode)))
+        last[c] = values[epochs[c] - 1]
+    assert result["epochs"] == epochs and result["scores"] == last
+    assert epochs["c0"] == spec.epochs and min(epochs.values()) < spec.epochs  # some stopped early
+    assert result["best"] == max(last, key=last.get) and math.isfinite(result["seconds"])
