@@ -36,7 +36,7 @@ from hydro.profiling import torch_threads
 from hydro.trial.host_syncs import HostSyncCounter
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
-from hydro.tune.random_search import RandomSearch
+from hydro.tune.search.random_search import RandomSearch
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 ALONE = 0  # the fusion count that stands for one configuration alone (a plain trial)

@@ -8,7 +8,7 @@ from benchmarks.transfer_fidelity import Trainer, stock_asha
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import digits_mlp
-from hydro.tune.random_search import RandomSearch
+from hydro.tune.search.random_search import RandomSearch
 from schedulers.member_stopping import ASHA, score
 
 
