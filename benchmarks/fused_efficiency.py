@@ -31,7 +31,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.transfer_fidelity import residual_mlp
-from hydro.cli import at_least
+from hydro.cli_options import at_least
 from hydro.profiling import torch_threads
 from hydro.trial.host_syncs import HostSyncCounter
 from hydro.trial.plan import TrialKind, TrialPlan

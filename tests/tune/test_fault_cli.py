@@ -37,7 +37,7 @@ def test_joining_a_cluster_without_authentication_warns_and_a_refused_join_is_on
     import ray
     from ray._private.authentication import authentication_token_setup, authentication_utils
 
-    from hydro.cli import UsageError
+    from hydro.cli_options import UsageError
 
     def refused(address=None, **kwargs):
         raise ConnectionError("Could not read 'session_name' from GCS\nafter 28 s of retries\n...")
