@@ -19,7 +19,7 @@ from hydro.trial.plan import TrialPlan, plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
 from hydro.tune.placement.gpu_types import PLACEMENT_KEY, TypeRequest, prior_type, require_gpu_types
-from schedulers.placement.predicted_finish import PredictedFinish
+from schedulers.placement.predicted_finish import Choice, PredictedFinish
 from schedulers.prediction.step_time import StepTimeModel
 
 logger = logging.getLogger(__name__)
@@ -48,13 +48,13 @@ def check_placement(placement: str | None, spec: TuneSpec, data: tuple[DataSourc
 
 class TrialPlacement:
     """Chooses the GPU type of each trial of a run of ``spec`` on the connected Ray cluster (see the module
-    docstring). ``choices``: trial id -> the GPU type it was given."""
+    docstring). ``choices``: trial id -> where it was placed, and its predicted finish on each type."""
 
     def __init__(self, spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None) -> None:
         self.spec, self._data = spec, data
         self.finish: PredictedFinish | None = None
         self.requests: dict[str, TypeRequest] = {}
-        self.choices: dict[str, str] = {}
+        self.choices: dict[str, Choice] = {}
         self.model: StepTimeModel | None = None
         self._reported: dict[str, tuple[int, float]] = {}  # trial id -> (epochs, training seconds) last reported
 
@@ -69,7 +69,7 @@ class TrialPlacement:
         work, overhead = self._work(plan)
         choice = self.finish.choose(trial_id, work, len(plan.members), self.spec.epochs * self._steps_per_epoch(plan),
                                     overhead)
-        self.choices[trial_id] = choice.gpu
+        self.choices[trial_id] = choice
         logger.info("trial %s (%d members) placed on %s: predicted finish %s", trial_id, len(plan.members),
                     choice.gpu, ", ".join(f"{gpu} {s:.3g} s" for gpu, s in sorted(choice.finish_s.items())))
         return {**config, PLACEMENT_KEY: self.requests[choice.gpu]}
