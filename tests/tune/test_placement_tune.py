@@ -14,7 +14,7 @@ from hydro.trial.unit import FusedTrial
 from tests.conftest import REPO
 from tests.tune.workload import SPACE, small_digits, spec
 
-TYPES = {"A100": 1, "V100": 1}  # one node of each
+TYPES = {"A100": 1, "V100": 1}  # one node of each (3 CPUs in all: only 2 trials can run at once)
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def two_type_cluster():
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {"hydro_gpu:A100": 1}, "include_dashboard": False})
+        "num_cpus": 2, "resources": {"hydro_gpu:A100": 1}, "include_dashboard": False})
     cluster.add_node(num_cpus=1, resources={"hydro_gpu:V100": 1})
     ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     yield ray
@@ -60,6 +60,7 @@ def test_trials_land_on_the_predicted_type_and_train_as_alone(two_type_cluster, 
         results, searcher = fit(workload, SPACE, num_samples=6, fusion=2, transfer_fraction=None,
                                 storage_path=str(tmp_path / "runs"), name="placed", verbose=0, placement="elastic")
     assert not results.errors
+    assert searcher._cluster.trial_slots() == 2  # a GPU each, not a CPU each
     choices = searcher.placement.choices
     placed_lines = [r.getMessage() for r in caplog.records if " placed on " in r.getMessage()]
     assert len(choices) == len(results) == 3 and len(placed_lines) == 3

@@ -18,7 +18,8 @@ from hydro.trial.data import DataSource
 from hydro.trial.plan import TrialPlan, plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
-from hydro.tune.placement.gpu_types import PLACEMENT_KEY, TypeRequest, prior_type, require_gpu_types
+from hydro.tune.placement.gpu_types import (PLACEMENT_KEY, TypeRequest, cluster_gpu_types, prior_type,
+                                           require_gpu_types)
 from schedulers.placement.predicted_finish import Choice, PredictedFinish
 from schedulers.prediction.step_time import StepTimeModel
 
@@ -73,6 +74,10 @@ class TrialPlacement:
         logger.info("trial %s (%d members) placed on %s: predicted finish %s", trial_id, len(plan.members),
                     choice.gpu, ", ".join(f"{gpu} {s:.3g} s" for gpu, s in sorted(choice.finish_s.items())))
         return {**config, PLACEMENT_KEY: self.requests[choice.gpu]}
+
+    def gpus(self) -> int:
+        """GPUs of every type in the cluster (each runs one trial at a time)."""
+        return sum(count for count, _ in cluster_gpu_types().values())
 
     def on_result(self, trial_id: str, result: Mapping, members: int) -> None:
         """Trial ``trial_id`` reported ``result`` (its cumulative ``train_s`` after ``training_iteration``

@@ -395,12 +395,14 @@ class _RayCluster:
 
     def trial_slots(self) -> int:
         """How many trials train at once on separate compute of the cluster (1 while a trial's resources are not
-        known, or outside a Ray session)."""
+        known, or outside a Ray session; with placement, at most its GPUs of every type)."""
         state = self.searcher.state
         if not state.trial_request or not ray.is_initialized():
             return 1
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
-        return trial_slots(nodes, state.trial_request, state.max_concurrent)
+        slots = trial_slots(nodes, state.trial_request, state.max_concurrent)
+        placement = self.searcher.placement
+        return slots if placement is None else max(1, min(slots, placement.gpus()))
 
     def node_cpus(self) -> float:
         return max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=0.0)
