@@ -255,7 +255,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             check_storage(args.storage)
         data = prepare(spec, space, scale=args.scale, seed=args.seed)
-        check_placement(args.placement, spec, data, bubbles=args.bubbles)
+        check_placement(args.placement, spec, data, bubbles=args.bubbles,
+                        local_cluster=not (args.address or os.environ.get("RAY_ADDRESS")))
     except ValueError as error:  # a WorkloadError too
         raise UsageError(f"hydro tune: {error}") from None
     with ray_output(args.verbose):

@@ -224,7 +224,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     data = data if data is not None else prepare(spec, param_space, scale=scale, seed=seed)
-    check_placement(placement, spec, data, bubbles=bubbles)
+    check_placement(placement, spec, data, bubbles=bubbles, local_cluster=not ray.is_initialized())
     in_trial = fusion == "auto" and gpus_per_trial > 0
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,  # checks its arguments
                                    fusion=max_fusion if in_trial else fusion,             # before Ray starts

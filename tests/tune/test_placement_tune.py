@@ -94,3 +94,13 @@ def test_hydro_tune_places_the_example_with_its_transfer_stages(two_type_cluster
     placed = [r.getMessage() for r in caplog.records if " placed on " in r.getMessage()]
     assert len(placed) >= 3 and any("(1 members)" in line for line in placed)  # search trials, the target
     assert all(line.split(" placed on ")[1].split(":")[0] in TYPES for line in placed)
+
+
+def test_placement_refuses_a_streamed_training_split():
+    from hydro.tune.placement.trial_placement import check_placement
+    from tests.test_data_sources import splits
+
+    workload = spec(data=lambda: splits("iterable"))
+    with pytest.raises(ValueError, match="which an iterable dataset does not know"):
+        check_placement("elastic", workload, workload.load_data())
+    check_placement("elastic", spec(), spec().load_data())  # a sized one is placed

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+import torch
+
 from hydro.profiling import fit_step_time_model, step_features
 from hydro.trial.data import DataSource
 from hydro.trial.plan import TrialPlan, plan_of
@@ -30,9 +32,10 @@ PLACEMENTS = (ELASTIC,)
 
 
 def check_placement(placement: str | None, spec: TuneSpec, data: tuple[DataSource, DataSource], *,
-                    bubbles: bool = False) -> None:
-    """Raise ``ValueError`` for a ``placement`` that cannot act: an unknown one, one with bubble filling, or a
-    training split whose batches per epoch are unknown (an iterable dataset: no trial's steps can be
+                    bubbles: bool = False, local_cluster: bool = False) -> None:
+    """Raise ``ValueError`` for a ``placement`` that cannot act: an unknown one, one with bubble filling, one on
+    a cluster Hydro would start on this machine (``local_cluster``) when it has no GPU (such a cluster has no GPU
+    type), or a training split whose batches per epoch are unknown (an iterable dataset: no trial's steps can be
     predicted)."""
     if placement is None:
         return
@@ -41,6 +44,11 @@ def check_placement(placement: str | None, spec: TuneSpec, data: tuple[DataSourc
     if bubbles:
         raise ValueError("hydro: placement='elastic' (--placement elastic) places trials on GPU types of their own; "
                          "bubble filling runs them on the pipeline jobs' devices: use one of them")
+    if local_cluster and not torch.cuda.is_available():
+        raise ValueError("hydro: placement='elastic' (--placement elastic) places trials on the GPU types of a "
+                         "cluster's nodes, and the cluster Hydro starts on this machine has none (no GPU here); "
+                         "connect to a cluster whose nodes declare them (ray start --resources "
+                         "'{\"hydro_gpu:<type>\": <count>}'; --address, or ray.init(address=...) before fit)")
     if data[0].num_batches(spec.batch_size) is None:
         raise ValueError("hydro: placement='elastic' (--placement elastic) predicts each trial's steps from the "
                          "training split's batches per epoch, which an iterable dataset does not know; give a "
