@@ -212,7 +212,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
     ``probe_margin``, ``fallback_targets``). ``placement="elastic"``: each trial runs on the GPU type of the
     cluster's nodes (declared as ``hydro_gpu:<type>`` resources, or detected) where it is predicted to finish
-    first (:mod:`hydro.tune.placement.trial_placement`). Raises ``ValueError`` (or ``TypeError``) before Ray starts for
+    first (:mod:`hydro.tune.placement.trial_placement`).
+    Raises ``ValueError`` (or ``TypeError``) before Ray starts for
     arguments that cannot work (:func:`check_arguments`, :func:`check_storage`, :func:`prepare`, ``HydroSearcher``'s own
     checks), and when
     no node of a cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a
@@ -230,9 +231,9 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
                                    fusion=max_fusion if in_trial else fusion,             # before Ray starts
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)), run_reporter=False,
-                                   lost_trial_retries=max_failures,
+                                   lost_trial_retries=max_failures, placement=placement,
                                    trial_resources={} if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
-                                   placement=placement, **transfer)  # fill trials train in the bubbles of the jobs' own devices
+                                   **transfer)  # fill trials train in the bubbles of the jobs' own devices
     hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
     started = not ray.is_initialized()
     if started:  # a local cluster of this machine, which cannot grow to fit a trial

@@ -7,8 +7,9 @@ come from the step-time model and ``correction[g]`` is the median ratio of the s
 times trials measured on ``g`` to what was predicted for them (a type not measured yet takes the median ratio over
 all measurements, else 1). Each new trial goes to the type on which it is predicted to finish first: when a GPU of
 that type is next available — after the trials already given to that type, in the order they were given, run
-their predicted steps left — plus its own predicted run there (:class:`~schedulers.placement.policies.EarliestFinish`'s
-rule, with the trials a tuner has queued for a type counted as holding it in turn).
+their predicted steps left — plus its own predicted run there
+(:class:`~schedulers.placement.policies.EarliestFinish`'s rule, with the trials a tuner has queued for a type
+counted as holding it in turn).
 """
 from __future__ import annotations
 
