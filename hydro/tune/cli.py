@@ -255,8 +255,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             check_storage(args.storage)
         data = prepare(spec, space, scale=args.scale, seed=args.seed)
-        check_placement(args.placement, spec, data, bubbles=args.bubbles,
-                        local_cluster=not (args.address or os.environ.get("RAY_ADDRESS")))
+        check_placement(args.placement, spec, data, bubbles=args.bubbles, local_cluster=starts_local(args.address))
     except ValueError as error:  # a WorkloadError too
         raise UsageError(f"hydro tune: {error}") from None
     with ray_output(args.verbose):
@@ -319,6 +318,13 @@ def _target_missing(results, spec: TuneSpec, args: argparse.Namespace, with_targ
           f"{results.experiment_path} (with --max-failures higher), or ask for no target (--no-target)",
           file=sys.stderr)
     return 1
+
+
+def starts_local(address: str | None) -> bool:
+    """Whether :func:`connect` would start an embedded local cluster (none joined yet, no address given)."""
+    import ray
+
+    return not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
 
 
 def connect(address: str | None) -> bool:
