@@ -497,6 +497,13 @@ CASES = [
          WorkloadError, "TuneSpec.group_by misses 'p'"),
     case("load-model-run-directory-without-a-model", lambda: hydro.tune.load_model("no_such_run"),  # fixed
          ValueError, "hydro.tune.load_model: no_such_run holds no trained full-size model (hydro_model.pt)"),
+    # placement on GPU types
+    case("searcher-placement-unknown", lambda: searcher(placement="fastest"), ValueError,
+         "placement must be None or one of ['elastic'], got 'fastest'"),
+    case("placement-with-bubbles", lambda: fit(spec(), SPACE, num_samples=2, placement="elastic", bubbles=True),
+         ValueError, "bubble filling runs them on the pipeline jobs' devices: use one of them"),
+    case("placement-on-a-local-cluster-without-gpus", lambda: fit(spec(), SPACE, num_samples=2, placement="elastic"),
+         ValueError, "the cluster Hydro starts on this machine has none (no GPU here)"),
 ]
 
 
@@ -621,6 +628,13 @@ CLI_CASES = [  # argparse's own errors first, then Hydro's (one line, exit code 
                                      "--scale", "4"], "hydro", "hydro tune: hydro: TuneSpec.group_by misses 'width'"),
     case("group-by-misses-a-dropout-p", ["tune", "--workload", "tests.tune.real_workloads:dropout_not_grouped"],
          "hydro", "hydro tune: hydro: TuneSpec.group_by misses 'p'"),  # fixed
+    # placement on GPU types
+    case("placement-unknown", tune("--placement", "fastest"), "argparse",
+         "argument --placement: invalid choice: 'fastest'"),
+    case("placement-with-bubbles", tune("--placement", "elastic", "--bubbles", "--address", "127.0.0.1:1"), "hydro",
+         "hydro tune: hydro: placement='elastic' (--placement elastic) places trials on GPU types of their own"),
+    case("placement-on-a-local-cluster-without-gpus", tune("--placement", "elastic"), "hydro",
+         "hydro tune: hydro: placement='elastic' (--placement elastic) places trials on the GPU types of a cluster"),
 ]
 
 

@@ -28,6 +28,8 @@ from hydro.tune.cluster.output import ray_output
 from hydro.tune.search.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
 from hydro.tune.run import (PACKAGE_ROOT, TuningFailed, asha, check_arguments, check_run_dir, check_storage, fit,
                             optuna_tpe, prepare, resume, start_local_cluster)
+from hydro.tune.placement.gpu_types import require_gpu_types
+from hydro.tune.placement.trial_placement import PLACEMENTS, check_placement
 from hydro.tune.search.trainable import require_resources, trial_resources
 from schedulers.scale_choice import AUTO, checked_scale
 from schedulers.transfer import STAGE_OPTIONS, Disagreement, TransferPolicy
@@ -105,6 +107,10 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                         help="run the fused trials in the bubbles of the pipeline jobs registered with the cluster's "
                              "placement service (late-stage trials and the target on its dedicated workers); needs "
                              "--address or $RAY_ADDRESS")
+    parser.add_argument("--placement", choices=PLACEMENTS,
+                        help="elastic: run each fused trial on the GPU type (nodes declaring hydro_gpu:<type> "
+                             "resources, or Ray's detected types) where it is predicted to finish first "
+                             "(docs/prediction-and-placement.md)")
     parser.set_defaults(func=run)
 
 
@@ -249,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             check_storage(args.storage)
         data = prepare(spec, space, scale=args.scale, seed=args.seed)
+        check_placement(args.placement, spec, data, bubbles=args.bubbles, local_cluster=starts_local(args.address))
     except ValueError as error:  # a WorkloadError too
         raise UsageError(f"hydro tune: {error}") from None
     with ray_output(args.verbose):
@@ -256,6 +263,11 @@ def run(args: argparse.Namespace) -> int:
     if started and not args.bubbles:
         try:
             require_resources(trial_resources(spec, gpus_per_trial=args.gpus_per_trial), strict=True)
+        except ValueError as error:
+            raise UsageError(f"hydro tune: {error}") from None
+    if args.placement is not None:
+        try:
+            require_gpu_types()
         except ValueError as error:
             raise UsageError(f"hydro tune: {error}") from None
     rows = None if args.verbose else TOP_ROWS
@@ -272,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
                              transfer_fraction=None if args.no_target else args.transfer_fraction,
                              storage_path=args.storage, name=args.name, max_failures=args.max_failures,
                              seed=args.seed, data=data, energy=energy, verbose=2 if args.verbose else 1,
-                             bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial, **transfer_options(args))
+                             bubbles=args.bubbles, gpus_per_trial=args.gpus_per_trial, placement=args.placement,
+                             **transfer_options(args))
     except TuningFailed as failed:
         _print_members(failed.results, spec, rows)
         print(f"\nhydro tune: {failed}\nwritten: {os.path.join(failed.results.experiment_path, MEMBER_TABLE_FILE)}",
@@ -305,6 +318,13 @@ def _target_missing(results, spec: TuneSpec, args: argparse.Namespace, with_targ
           f"{results.experiment_path} (with --max-failures higher), or ask for no target (--no-target)",
           file=sys.stderr)
     return 1
+
+
+def starts_local(address: str | None) -> bool:
+    """Whether :func:`connect` would start an embedded local cluster (none joined yet, no address given)."""
+    import ray
+
+    return not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
 
 
 def connect(address: str | None) -> bool:

@@ -23,6 +23,8 @@ from hydro.tune.cluster import sessions as ray_sessions
 from hydro.tune.bubbles.scheduler import BubbleScheduler
 from hydro.tune.energy.scheduler import check_batch_sizes, for_hydro
 from hydro.tune.bubbles.fill_trainable import bubble_fill
+from hydro.tune.placement.gpu_types import require_gpu_types
+from hydro.tune.placement.trial_placement import check_placement
 from hydro.tune.search.progress import MemberProgress, show_progress
 from hydro.tune.cluster.output import ray_output
 from hydro.tune.search.random_search import RandomSearch
@@ -182,7 +184,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
         max_concurrent_trials: int | None = None, max_failures: int = 1, seed: int = 0, verbose: int = 1,
         callbacks: Sequence[tune.Callback] = (), data: tuple[DataSource, DataSource] | None = None,
         energy: EnergySettings | None = None, bubbles: bool = False, cpus_per_trial: float = 1,
-        gpus_per_trial: float = 0, **transfer) -> tuple[tune.ResultGrid, HydroSearcher]:
+        gpus_per_trial: float = 0, placement: str | None = None, **transfer) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
     table and best configuration written to its directory) and the searcher. ``scale``: the surrogates' width
     divisor, or ``"auto"``, measured here before Ray starts (``HydroSearcher``; the searcher's ``scale`` is then
@@ -208,7 +210,10 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     trains at once (``cpus_per_trial``/``gpus_per_trial`` tell the searcher the cluster's trial slots; see
     ``HydroSearcher``). ``transfer``: the transfer stages' options of ``HydroSearcher`` (``ladder``, ``eta``,
     ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
-    ``probe_margin``, ``fallback_targets``). Raises ``ValueError`` (or ``TypeError``) before Ray starts for
+    ``probe_margin``, ``fallback_targets``). ``placement="elastic"``: each trial runs on the GPU type of the
+    cluster's nodes (declared as ``hydro_gpu:<type>`` resources, or detected) where it is predicted to finish
+    first (:mod:`hydro.tune.placement.trial_placement`).
+    Raises ``ValueError`` (or ``TypeError``) before Ray starts for
     arguments that cannot work (:func:`check_arguments`, :func:`check_storage`, :func:`prepare`, ``HydroSearcher``'s own
     checks), and when
     no node of a cluster that ``fit`` started itself has a trial's resources (a connected cluster may autoscale: a
@@ -220,12 +225,13 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     data = data if data is not None else prepare(spec, param_space, scale=scale, seed=seed)
+    check_placement(placement, spec, data, bubbles=bubbles, local_cluster=not ray.is_initialized())
     in_trial = fusion == "auto" and gpus_per_trial > 0
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,  # checks its arguments
                                    fusion=max_fusion if in_trial else fusion,             # before Ray starts
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)), run_reporter=False,
-                                   lost_trial_retries=max_failures,
+                                   lost_trial_retries=max_failures, placement=placement,
                                    trial_resources={} if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
                                    **transfer)  # fill trials train in the bubbles of the jobs' own devices
     hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
@@ -235,6 +241,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
             start_local_cluster()
     if not bubbles:  # fill trials run on the placement service's hosts, not on resources of their own
         require_resources(trial_resources(spec, cpus_per_trial, gpus_per_trial), strict=started)
+    if placement is not None:
+        require_gpu_types()
     progress = [MemberProgress(spec.metric, spec.mode, num_samples)] if verbose >= 1 else []
     if progress:
         show_progress()

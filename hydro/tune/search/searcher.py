@@ -33,6 +33,7 @@ from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
 from hydro.trial.data import DataSource
 from hydro.trial.scale_plan import measured_scale
 from hydro.trial.spec import TuneSpec
+from hydro.tune.placement.trial_placement import TrialPlacement, check_placement
 from hydro.tune.search.member_decisions import start_service
 from hydro.tune.search.member_rules import refuse_trial_scheduler, stopping_rule
 from hydro.tune.search.random_search import RandomSearch
@@ -109,6 +110,9 @@ class HydroSearcher(Searcher):
             (member progress in place of Ray's trial reporter; the member table, best configuration and trained
             model written to the run directory at the end). A non-integer batch size in the param space is
             refused either way.
+        placement: ``"elastic"``: each trial goes to the GPU type of the cluster's nodes on which it is predicted to
+            finish first (:class:`~hydro.tune.placement.trial_placement.TrialPlacement`; its config asks for that
+            type); ``None``: Ray's resource request alone.
         **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``eta``, ``top_k``,
             ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
             ``probe_margin``, ``fallback_targets``): the width ladder, full-size targets, escalation and fallback
@@ -131,7 +135,7 @@ class HydroSearcher(Searcher):
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
                  seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1,
                  trial_resources: Mapping[str, float] | None = None, lost_trial_retries: int = 1,
-                 run_reporter: bool = True, **transfer) -> None:
+                 run_reporter: bool = True, placement: str | None = None, **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         if trial_cpus < 1:
             raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
@@ -165,6 +169,9 @@ class HydroSearcher(Searcher):
                                  trial_request={k.upper(): float(v) for k, v in (trial_resources or {}).items()})
         self._service, self._cluster, self._scheduler_checked = None, _RayCluster(self), False
         self._run_reporter, self._learn_resources = run_reporter, trial_resources is None
+        if placement is not None:
+            check_placement(placement, spec, data if data is not None else spec.load_data())
+        self.placement = TrialPlacement(spec, data) if placement is not None else None
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -197,6 +204,8 @@ class HydroSearcher(Searcher):
             self._scheduler_checked = True
         self._ensure_service()
         config = self._next_trial(trial_id)
+        if isinstance(config, dict) and self.placement is not None:
+            config = self.placement.place(trial_id, config)
         if isinstance(config, dict):
             self.state.suggested[trial_id] = config
         return config
@@ -245,10 +254,14 @@ class HydroSearcher(Searcher):
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if TRIAL_CPUS_KEY in result and trial_id not in self.driver.state.widened:
             self.state.trial_request = {"CPU": result[TRIAL_CPUS_KEY], "GPU": result.get(TRIAL_GPUS_KEY, 0.0)}
+        if self.placement is not None:
+            self.placement.on_result(trial_id, result, len(_member_results(result)))
         _tell(self.inner, self.driver.on_result(trial_id, _member_results(result), self._cluster,
                                                 result.get("time_total_s"), result.get("max_fusion")))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if self.placement is not None:
+            self.placement.end(trial_id)
         if self._lost(trial_id, self.state.suggested.pop(trial_id, None), error):
             return
         self.state.retries.pop(trial_id, None)
@@ -382,12 +395,14 @@ class _RayCluster:
 
     def trial_slots(self) -> int:
         """How many trials train at once on separate compute of the cluster (1 while a trial's resources are not
-        known, or outside a Ray session)."""
+        known, or outside a Ray session; with placement, at most its GPUs of every type)."""
         state = self.searcher.state
         if not state.trial_request or not ray.is_initialized():
             return 1
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
-        return trial_slots(nodes, state.trial_request, state.max_concurrent)
+        slots = trial_slots(nodes, state.trial_request, state.max_concurrent)
+        placement = self.searcher.placement
+        return slots if placement is None else max(1, min(slots, placement.gpus()))
 
     def node_cpus(self) -> float:
         return max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=0.0)

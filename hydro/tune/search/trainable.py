@@ -38,6 +38,7 @@ from hydro.trial.plan import plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.cluster.output import quiet_trial
+from hydro.tune.placement.gpu_types import PLACEMENT_KEY
 from hydro.tune.search.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession, TrialLost
 
 logger = logging.getLogger(__name__)
@@ -94,8 +95,9 @@ def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
     request = {name.upper(): amount for name, amount in resources.items()}
 
     def trial_request(config: dict) -> tune.PlacementGroupFactory:  # a plan may ask for more CPUs (see TrialPlan)
-        cpus = plan_of(config).cpus
-        return tune.PlacementGroupFactory([{**request, "CPU": cpus} if cpus else request])
+        cpus = plan_of(config).cpus                                  # and a placement for a GPU type
+        placed = dict(config[PLACEMENT_KEY].resources) if PLACEMENT_KEY in config else {}
+        return tune.PlacementGroupFactory([{**request, **placed, **({"CPU": cpus} if cpus else {})}])
 
     return tune.with_resources(function, trial_request)
 
@@ -196,7 +198,8 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
     training, evaluation and checkpoints so far (``checkpoint_s``: those before this report), ``reported_at``."""
     resources = tune.get_context().get_trial_resources().required_resources
     extra = {"fused": trial.fused, "device": str(trial.device), "gpu_ids": ",".join(map(str, gpu_ids)),
-             TRIAL_CPUS_KEY: resources.get("CPU", 0.0), TRIAL_GPUS_KEY: resources.get("GPU", 0.0), **timing}
+             TRIAL_CPUS_KEY: resources.get("CPU", 0.0), TRIAL_GPUS_KEY: resources.get("GPU", 0.0),
+             "node_id": ray.get_runtime_context().get_node_id(), **timing}
     checkpoint_s = 0.0
     while trial.epoch < spec.epochs:
         evaluated = (not session.plan.final_score_only or trial.epoch + 1 == spec.epochs

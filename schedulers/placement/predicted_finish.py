@@ -1,0 +1,120 @@
+"""Choosing each fused trial's GPU type by predicted finish, one trial at a time, as a tuner asks for trials.
+
+A trial's step on GPU type ``g`` is predicted as ``correction[g] x (overhead + g.step_seconds(work))``
+(:class:`~schedulers.placement.cluster.GpuType`: the type's per-step overhead plus ``work`` at the type's rate),
+where ``work`` (linear in the trial's members) and ``overhead`` (its per-call overheads, which fusion amortises)
+come from the step-time model and ``correction[g]`` is the median ratio of the step
+times trials measured on ``g`` to what was predicted for them (a type not measured yet takes the median ratio over
+all measurements, else 1). Each new trial goes to the type on which it is predicted to finish first: when a GPU of
+that type is next available — after the trials already given to that type, in the order they were given, run
+their predicted steps left — plus its own predicted run there
+(:class:`~schedulers.placement.policies.EarliestFinish`'s rule, with the trials a tuner has queued for a type
+counted as holding it in turn).
+"""
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from schedulers.placement.cluster import GpuType
+
+
+@dataclass
+class PlacedTrial:
+    """A trial given a GPU type: ``work_per_member``: reference seconds of one member's step without per-call
+    overheads (the step-time model's work, linear in members); ``overhead_s``: the step's per-call overheads;
+    ``members``: its members now; ``steps``: predicted steps in all; ``done``: steps done."""
+
+    gpu: str
+    work_per_member: float
+    overhead_s: float
+    members: int
+    steps: int
+    done: int = 0
+
+    @property
+    def work(self) -> float:
+        return self.work_per_member * self.members
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a trial goes: ``gpu``, and per type its predicted finish (seconds from now)."""
+
+    gpu: str
+    finish_s: Mapping[str, float]
+
+
+@dataclass
+class PredictedFinish:
+    """Per-trial GPU-type choice by predicted finish on a cluster of ``counts[type]`` GPUs of ``types[type]``;
+    ``trials``: the trials given a type that have not ended; ``ratios``: per type, measured ÷ predicted step
+    times so far."""
+
+    types: Mapping[str, GpuType]
+    counts: Mapping[str, int]
+    trials: dict[str, PlacedTrial] = field(default_factory=dict)
+    ratios: dict[str, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if set(self.types) != set(self.counts) or not self.counts or min(self.counts.values()) < 1:
+            raise ValueError(f"PredictedFinish: every GPU type needs a count >= 1; got types {sorted(self.types)}, "
+                             f"counts {dict(self.counts)}")
+
+    def correction(self, gpu: str) -> float:
+        """Measured ÷ predicted step time on ``gpu`` (median; the median over all types where ``gpu`` has no
+        measurement yet; 1 with none at all)."""
+        own = self.ratios.get(gpu) or [r for rs in self.ratios.values() for r in rs]
+        return statistics.median(own) if own else 1.0
+
+    def step_seconds(self, gpu: str, trial: PlacedTrial) -> float:
+        """Predicted seconds of one step of ``trial`` on ``gpu``, corrected by what trials measured there."""
+        return self.correction(gpu) * self._prior_step_seconds(gpu, trial)
+
+    def choose(self, key: str, work_per_member: float, members: int, steps: int, overhead_s: float = 0.0) -> Choice:
+        """Give trial ``key`` (``members`` members of ``work_per_member`` each plus ``overhead_s`` per step,
+        ``steps`` steps) the type on which it is predicted to finish first (ties: the shorter run, then the name),
+        and count it as holding that type until :meth:`end`."""
+        if steps < 1 or members < 1 or work_per_member < 0 or overhead_s < 0:
+            raise ValueError(f"PredictedFinish.choose: a trial needs steps >= 1, members >= 1, work and overhead "
+                             f">= 0; got steps={steps}, members={members}, work_per_member={work_per_member}, "
+                             f"overhead_s={overhead_s}")
+        trial = PlacedTrial("", work_per_member, overhead_s, members, steps)
+        options = {}
+        for gpu in self.types:
+            run = steps * self.step_seconds(gpu, trial)
+            options[gpu] = (self._available_s(gpu) + run, run, gpu)
+        best = min(options.values())[2]
+        trial.gpu = best
+        self.trials[key] = trial
+        return Choice(best, {gpu: option[0] for gpu, option in options.items()})
+
+    def progress(self, key: str, done: int, members: int, seconds_per_step: float | None = None) -> None:
+        """Trial ``key`` has done ``done`` steps and has ``members`` members now; ``seconds_per_step``: its
+        measured step time over its latest steps (with ``members`` members then), which refines its type's
+        correction."""
+        trial = self.trials.get(key)
+        if trial is None:
+            return
+        trial.done, trial.members = done, members
+        if seconds_per_step is not None and seconds_per_step > 0:
+            self.ratios.setdefault(trial.gpu, []).append(seconds_per_step / self._prior_step_seconds(trial.gpu, trial))
+
+    def end(self, key: str) -> None:
+        """Trial ``key`` ended: its type's GPU is free for the next."""
+        self.trials.pop(key, None)
+
+    def _available_s(self, gpu: str) -> float:
+        """Seconds from now until a GPU of ``gpu`` is free for a new trial: its GPUs taken in turn by the trials
+        given to it (in the order given), each for its predicted steps left."""
+        heap = [0.0] * self.counts[gpu]
+        for trial in self.trials.values():
+            if trial.gpu == gpu:
+                left = max(0, trial.steps - trial.done) * self.step_seconds(gpu, trial)
+                heapq.heapreplace(heap, heap[0] + left)
+        return heap[0]
+
+    def _prior_step_seconds(self, gpu: str, trial: PlacedTrial) -> float:
+        return trial.overhead_s + self.types[gpu].step_seconds(trial.work)

@@ -1,0 +1,106 @@
+"""``fit(..., placement="elastic")`` on a real two-node local Ray cluster whose nodes declare two GPU types
+(``hydro_gpu:<type>`` custom resources on CPU nodes; the trials train on CPU): each trial runs on a node of the
+type its placement chose and logged, the type chosen by predicted finish, and every member's results equal its
+fused trial trained in this process."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from hydro.trial.plan import plan_of
+from hydro.trial.unit import FusedTrial
+from tests.conftest import REPO
+from tests.tune.workload import SPACE, small_digits, spec
+
+TYPES = {"A100": 1, "V100": 1}  # one node of each (3 CPUs in all: only 2 trials can run at once)
+
+
+@pytest.fixture(scope="module")
+def two_type_cluster():
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "resources": {"hydro_gpu:A100": 1}, "include_dashboard": False})
+    cluster.add_node(num_cpus=1, resources={"hydro_gpu:V100": 1})
+    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    yield ray
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def node_types(ray) -> dict[str, str]:
+    """Node id -> the GPU type the node declares."""
+    return {node["NodeID"]: next(name.split(":", 1)[1] for name in node["Resources"] if name.startswith("hydro_gpu:"))
+            for node in ray.nodes() if node["Alive"]}
+
+
+def trained_alone(workload, config, epochs):
+    """The trial's members trained in this process (one thread, as a Ray worker of 1 CPU): per member, its
+    metrics after its last epoch."""
+    plan = plan_of(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trial = FusedTrial(workload, plan, small_digits())
+        for _ in range(epochs):
+            metrics = trial.run_epoch()
+    finally:
+        torch.set_num_threads(threads)
+    return {m: {name: values[i].item() for name, values in metrics.items()} for i, m in enumerate(trial.member_ids)}
+
+
+def test_trials_land_on_the_predicted_type_and_train_as_alone(two_type_cluster, tmp_path, caplog):
+    from hydro.tune import fit
+
+    ray, workload = two_type_cluster, spec(epochs=2)
+    with caplog.at_level(logging.INFO, logger="hydro.tune.placement.trial_placement"):
+        results, searcher = fit(workload, SPACE, num_samples=6, fusion=2, transfer_fraction=None,
+                                storage_path=str(tmp_path / "runs"), name="placed", verbose=0, placement="elastic")
+    assert not results.errors
+    assert searcher._cluster.trial_slots() == 2  # a GPU each, not a CPU each
+    choices = searcher.placement.choices
+    placed_lines = [r.getMessage() for r in caplog.records if " placed on " in r.getMessage()]
+    assert len(choices) == len(results) == 3 and len(placed_lines) == 3
+    assert searcher.placement.finish.ratios  # step times measured on the types
+    landed = node_types(ray)
+    for result in results:
+        trial_id = result.metrics["trial_id"]
+        choice = choices[trial_id]
+        gpu = min(choice.finish_s, key=choice.finish_s.get)  # where it was predicted to finish first
+        assert gpu == choice.gpu or choice.finish_s[gpu] == choice.finish_s[choice.gpu]  # (a tie: the shorter run)
+        gpu = choice.gpu
+        assert landed[result.metrics["node_id"]] == gpu  # ran on a node of the type it was placed on
+        assert any(line.startswith(f"trial {trial_id} ") and f"placed on {gpu}" in line for line in placed_lines)
+        alone = trained_alone(workload, result.config, 2)
+        for member, expected in alone.items():
+            reported = result.metrics["members"][member]
+            assert reported["val_acc"] == expected["val_acc"] and reported["val_loss"] == expected["val_loss"]
+    assert not searcher.placement.finish.trials  # every trial ended: no GPU counted as held
+
+
+def test_hydro_tune_places_the_example_with_its_transfer_stages(two_type_cluster, tmp_path, capsys, caplog):
+    from hydro.cli import main
+
+    with caplog.at_level(logging.INFO, logger="hydro.tune.placement.trial_placement"):
+        code = main(["tune", "--example", "digits-mlp", "--samples", "4", "--scale", "8", "--fusion", "2",
+                     "--epochs", "2", "--top-k", "1", "--placement", "elastic", "--storage", str(tmp_path / "runs"),
+                     "--name", "placed-cli"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "best configuration (target" in out
+    placed = [r.getMessage() for r in caplog.records if " placed on " in r.getMessage()]
+    assert len(placed) >= 3 and any("(1 members)" in line for line in placed)  # search trials, the target
+    assert all(line.split(" placed on ")[1].split(":")[0] in TYPES for line in placed)
+
+
+def test_placement_refuses_a_streamed_training_split():
+    from hydro.tune.placement.trial_placement import check_placement
+    from tests.test_data_sources import splits
+
+    workload = spec(data=lambda: splits("iterable"))
+    with pytest.raises(ValueError, match="which an iterable dataset does not know"):
+        check_placement("elastic", workload, workload.load_data())
+    check_placement("elastic", spec(), spec().load_data())  # a sized one is placed
