@@ -411,8 +411,10 @@ def test_the_stages_of_a_run_reuse_warm_workers_with_the_same_results(ray_cluste
     warm, cold = ([(plan_of(r.config), r.metrics) for r in runs[reuse]] for reuse in (True, False))
     assert {plan.kind for plan, _ in warm} == {TrialKind.SURROGATE, TrialKind.TARGET}
     assert any(plan.cpus for plan, _ in warm)  # a widened stage: before, a trial of another Ray request
-    # every stage in the 2 trial slots' warm workers (search, rung, target); without reuse, a process per trial
-    assert len({m["worker_pid"] for _, m in warm}) <= 2 < len(warm) == len({m["worker_pid"] for _, m in cold})
+    # every stage in the 2 trial slots' warm workers (search, rung, target); without reuse, a process per trial (how
+    # many trials a rung takes depends on its measured time)
+    assert len({m["worker_pid"] for _, m in warm}) <= 2 < len(warm)
+    assert len({m["worker_pid"] for _, m in cold}) == len(cold)
     # a later trial at a scale its worker built before takes the worker's surrogate template
     seen = collections.defaultdict(set)
     for plan, m in sorted(warm, key=lambda t: t[1]["trial_started_at"]):

@@ -92,7 +92,14 @@ def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
             run_trial(spec, config, data, energy, plan_fusion=plan_fusion)
 
         function = tune.with_parameters(hydro_trial, data=data)
-    return tune.with_resources(function, tune.PlacementGroupFactory([{k.upper(): v for k, v in resources.items()}]))
+    request = {name.upper(): amount for name, amount in resources.items()}
+
+    def trial_request(config: dict) -> tune.PlacementGroupFactory:
+        # one request for every plan (Tune reuses a worker only for a trial of the same request): a wider plan's CPUs
+        # are torch threads in its worker (run_trial)
+        return tune.PlacementGroupFactory([request])
+
+    return tune.with_resources(function, trial_request)
 
 
 def trial_resources(spec: TuneSpec, cpus_per_trial: float = 1, gpus_per_trial: float = 0) -> dict[str, float]:
