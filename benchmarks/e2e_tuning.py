@@ -232,7 +232,8 @@ TIMES = ("worker_start_s", "setup_data_s", "setup_plan_s", "setup_build_s", "tra
 
 def stages(results: tune.ResultGrid, started_at: float) -> list[dict]:
     """Where a run's wall time went: its trials by start, consecutive ones of the same kind and scale as one
-    stage, with their member counts, the stage's first start and last end in seconds after ``started_at`` (a
+    stage, with their member counts, ``new_workers`` (its trials that started a fresh worker process; the others
+    ran in a warm one, reused from an earlier trial), the stage's first start and last end in seconds after ``started_at`` (a
     trial starts when its worker process starts (at the earliest ``started_at``) if it is that worker's first
     trial, else when the trial function starts; it ends at its last report), the seconds its trials spent (summed over them) in each of ``TIMES``:
     starting a fresh worker, set-up (data on the device, in-trial fusion planning, building the members),
@@ -249,15 +250,16 @@ def stages(results: tune.ResultGrid, started_at: float) -> list[dict]:
         times = {"worker_start_s": m["trial_started_at"] - worker if fresh else 0.0,
                  **{name: m.get(name, 0.0) for name in TIMES[1:]}}
         start = (worker if fresh else m["trial_started_at"]) - started_at
-        trials.append((start, m["reported_at"] - started_at, stage, len(plan.members), times))
+        trials.append((start, m["reported_at"] - started_at, stage, len(plan.members), times, fresh))
     timeline: list[dict] = []
-    for start, end, stage, members, times in sorted(trials, key=lambda t: t[:2]):
+    for start, end, stage, members, times, fresh in sorted(trials, key=lambda t: t[:2]):
         if not timeline or timeline[-1]["stage"] != stage:
             previous_end = max((s["end_s"] for s in timeline), default=0.0)
-            timeline.append({"stage": stage, "members": [], "start_s": start, "end_s": end,
+            timeline.append({"stage": stage, "members": [], "start_s": start, "end_s": end, "new_workers": 0,
                              "idle_before_s": max(0.0, start - previous_end), **{name: 0.0 for name in TIMES}})
         last = timeline[-1]
         last["members"].append(members)
+        last["new_workers"] += fresh
         last["end_s"] = max(last["end_s"], end)
         for name, seconds in times.items():
             last[name] += seconds
@@ -267,9 +269,10 @@ def stages(results: tune.ResultGrid, started_at: float) -> list[dict]:
 def _stage_table(timeline: list[dict]) -> str:
     """The stages as printed table rows (seconds summed over each stage's trials)."""
     header = (f"    {'stage':<8} {'trials':>6} {'members':>7} {'start':>7} {'end':>7} {'idle before':>11} "
-              f"{'worker':>7} {'data':>6} {'plan':>6} {'build':>6} {'train':>7} {'eval':>6} {'ckpt':>6}")
+              f"{'new':>3} {'worker':>7} {'data':>6} {'plan':>6} {'build':>6} {'train':>7} {'eval':>6} {'ckpt':>6}")
     rows = [f"    {s['stage']:<8} {len(s['members']):6d} {sum(s['members']):7d} {s['start_s']:7.1f} {s['end_s']:7.1f} "
-            f"{s['idle_before_s']:11.1f} {s['worker_start_s']:7.1f} {s['setup_data_s']:6.1f} {s['setup_plan_s']:6.1f} "
+            f"{s['idle_before_s']:11.1f} {s['new_workers']:3d} {s['worker_start_s']:7.1f} {s['setup_data_s']:6.1f} "
+            f"{s['setup_plan_s']:6.1f} "
             f"{s['setup_build_s']:6.1f} {s['train_s']:7.1f} {s['eval_s']:6.1f} {s['checkpoint_s']:6.1f}"
             for s in timeline]
     return "\n".join([header, *rows])

@@ -39,7 +39,7 @@ class Stage(enum.Enum):
 class StageTrial:
     """A trial to start. ``members``: ``[(member id, config)]`` of a surrogate trial, or ``[(config id,
     config)]`` of a target (a full-size trial of that search member's configuration); ``scale``: their width
-    divisor; ``cpus``: CPUs the trial asks for when a stage leaves trial slots idle (``None``: the trainable's
+    divisor; ``cpus``: CPUs the trial trains with when a stage leaves trial slots idle (``None``: the trainable's
     request); ``reports_objective``: whether the trial-level objective is the best member's (search trials of a
     run without targets); ``source``: a target's provenance (``member``, its surrogate score, ``scores`` per
     scale)."""
@@ -90,7 +90,7 @@ class DriverState:
     of the finished stages (config id -> score), the search's first; ``current``: the stage in progress;
     ``targets``: full-size trial id -> config id; ``target_values``: config id -> the final value of its target
     (``None``: failed before a report); ``forwarded``: configs whose completion the inner searcher heard;
-    ``widened``: trials that asked for more CPUs than the trainable's request; ``slots``: the trial slots the
+    ``widened``: trials that train on more CPUs than the trainable's request; ``slots``: the trial slots the
     rungs fill (fixed when the stages start; 1 for GPU trials, whose time hardly grows with their members);
     ``started``: every trial of the stages has started."""
 
@@ -342,7 +342,7 @@ class SearchDriver:
         """CPUs for each of a stage's ``trials`` (``work_s``: the longest one's estimated seconds of training in
         one slot) when they leave trial slots idle and nothing else trains: the idle slots' CPUs shared among them
         (torch threads; at most one node's), so that a lone target trains on every core the run's slots hold, when
-        that saves more than a trial's start (a wider trial is a new worker), as :func:`rung_trials` spreads a
+        that saves more than a trial's start, as :func:`rung_trials` spreads a
         rung; ``None`` (the trainable's request) otherwise, for GPU trials (their GPU does the work) and while
         search members still train."""
         request, slots = cluster.trial_request(), cluster.trial_slots()

@@ -383,9 +383,50 @@ def test_fit_trains_the_lone_target_on_the_cpus_of_both_trial_slots(ray_cluster,
     results, _ = fit(spec(epochs=1), SPACE, num_samples=4, fusion=4, scale=2, seed=0, storage_path=str(tmp_path),
                      name="wide_target", verbose=0)
     assert not results.errors
-    cpus = sorted((plan_of(r.config).kind.value, plan_of(r.config).cpus, r.metrics["trial_cpus"]) for r in results)
-    # the search as 2 trials of 1 CPU on the 2-CPU cluster, then the target alone, asking Ray for both CPUs
-    assert cpus == [("surrogate", None, 1.0), ("surrogate", None, 1.0), ("target", 2, 2.0)]
+    cpus = sorted((plan_of(r.config).kind.value, plan_of(r.config).cpus, r.metrics["trial_cpus"],
+                   r.metrics["torch_threads"]) for r in results)
+    # the search as 2 trials of 1 CPU on the 2-CPU cluster, then the target alone on both CPUs as torch threads, in a
+    # worker of the trainable's 1 CPU: one of the search's warm workers
+    assert cpus == [("surrogate", None, 1.0, 1), ("surrogate", None, 1.0, 1), ("target", 2, 1.0, 2)]
+    target, = (r for r in results if plan_of(r.config).kind == TrialKind.TARGET)
+    assert target.metrics["worker_trials"] > 1
+    assert target.metrics["worker_pid"] in {r.metrics["worker_pid"] for r in results if r is not target}
+
+
+def test_the_stages_of_a_run_reuse_warm_workers_with_the_same_results(ray_cluster, tmp_path, monkeypatch):
+    import schedulers.search_driver as driver_module
+
+    monkeypatch.setattr(driver_module, "TRIAL_OVERHEAD_S", 0.0)  # the rung and the target train on both CPUs
+    workload = spec(epochs=2, model=lambda config: MLP((64, 64, 64, 10)))
+    runs = {}
+    for reuse in (True, False):
+        searcher = HydroSearcher(workload, num_samples=8, fusion=8, scale=4, seed=0, ladder=True, eta=2, top_k=1,
+                                 fallback_targets=0)
+        runs[reuse] = tune.Tuner(
+            trainable(workload), param_space=SPACE,
+            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, metric="val_acc", mode="max",
+                                        reuse_actors=reuse),
+            run_config=tune.RunConfig(name=f"reuse_{reuse}", storage_path=str(tmp_path), verbose=0)).fit()
+        assert not runs[reuse].errors
+    warm, cold = ([(plan_of(r.config), r.metrics) for r in runs[reuse]] for reuse in (True, False))
+    assert {plan.kind for plan, _ in warm} == {TrialKind.SURROGATE, TrialKind.TARGET}
+    assert any(plan.cpus for plan, _ in warm)  # a widened stage: before, a trial of another Ray request
+    # every stage in the 2 trial slots' warm workers (search, rung, target); without reuse, a process per trial (how
+    # many trials a rung takes depends on its measured time)
+    assert len({m["worker_pid"] for _, m in warm}) <= 2 < len(warm)
+    assert len({m["worker_pid"] for _, m in cold}) == len(cold)
+    # a later trial at a scale its worker built before takes the worker's surrogate template
+    seen = collections.defaultdict(set)
+    for plan, m in sorted(warm, key=lambda t: t[1]["trial_started_at"]):
+        if plan.scale > 1 and plan.scale in seen[m["worker_pid"]]:
+            assert m["cached_templates"] >= 1
+        seen[m["worker_pid"]].add(plan.scale)
+    assert any(m["cached_templates"] for _, m in warm)
+    values = {reuse: member_table(runs[reuse], workload)[["member", "kind", "val_acc", "train_loss"]]
+              .sort_values(["kind", "member"]).to_numpy().tolist() for reuse in runs}
+    assert len(values[True]) == 8 + 4 + 1 and values[True] == values[False]  # the same results, bit for bit
+    best = {reuse: best_configuration(runs[reuse], workload) for reuse in runs}
+    assert [best[True][k] for k in ("config", "value", "kind")] == [best[False][k] for k in ("config", "value", "kind")]
 
 
 def test_bad_transfer_settings_are_rejected_before_the_run():

@@ -54,4 +54,4 @@ def test_stages_sum_their_trials_times_and_the_idle_gaps_between_them():
     assert first["setup_plan_s"] == 0.25 and first["eval_s"] == 0.5 and first["checkpoint_s"] == 0.1
     assert (second["start_s"], second["idle_before_s"], second["worker_start_s"]) == (12.0, 1.0, 0.0)
     assert (target["start_s"], target["idle_before_s"], target["worker_start_s"]) == (19.0, 0.0, 2.5)
-
+    assert [s["new_workers"] for s in timeline] == [1, 0, 1]  # the trials that started a fresh worker

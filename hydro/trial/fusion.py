@@ -109,6 +109,11 @@ class PredictedFusion(MeasuredFusion):
 _PLANNED_IN_PROCESS: dict[tuple, tuple[int, int]] = {}  # see fusion_in_trial: key -> (F, the most it could be)
 
 
+def plans_in_process() -> int:
+    """How many fusion plans :func:`fusion_in_trial` holds in this process (a reused worker's are kept)."""
+    return len(_PLANNED_IN_PROCESS)
+
+
 def fusion_in_trial(spec: TuneSpec, config: Mapping, scale: int, data: tuple[DataSource, DataSource],
                     max_members: int, device: torch.device, memory_budget_bytes: int | None = None) -> int:
     """F for a trial's members, measured in the trial's own process: on its device, in its precision, within

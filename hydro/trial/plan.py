@@ -30,7 +30,8 @@ class TrialPlan:
     value (False for surrogates of a run with a target: the run's best result is then the target's);
     ``final_score_only``: only the last epoch's validation metrics are read (ladder rungs: no per-member
     stopping, no inner searcher, no trial-level objective), so earlier epochs skip evaluation;
-    ``cpus``: CPUs the trial asks Ray for and trains with (torch threads), ``None``: the trainable's request."""
+    ``cpus``: CPUs the trial trains with (torch threads, in a worker of the trainable's Ray request: idle slots'
+    CPUs of the run), ``None``: the trainable's request."""
 
     kind: TrialKind
     members: list[tuple[str, dict]]

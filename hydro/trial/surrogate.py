@@ -264,6 +264,11 @@ def _values(config: Mapping, keys: frozenset | None) -> list:
 _TEMPLATES: dict[Hashable, SurrogateTemplate | None] = {}  # per process: (factory, group, scale, options) -> template
 
 
+def templates_in_process() -> int:
+    """How many surrogate templates :func:`fused_surrogates` holds in this process (a reused worker's are kept)."""
+    return len(_TEMPLATES)
+
+
 def fused_surrogates(model_factory: Callable[[Mapping], nn.Module], configs: Sequence[Mapping], seeds: Sequence[int],
                      scale: int, shrink_options: Mapping, group: Hashable,
                      leaf_modules: Sequence[type[nn.Module]] = ()) -> tuple[FusedModel, nn.Module] | None:

@@ -32,10 +32,10 @@ from hydro.energy.tuning import EnergySettings, trial_observer
 from hydro.trial.check import describe
 from hydro.trial.data import DataSource
 from hydro.trial.device import resolve_device
-from hydro.trial.fusion import fusion_in_trial
+from hydro.trial.fusion import fusion_in_trial, plans_in_process
 from hydro.trial.memory import gpu_share_bytes
-from hydro.trial.plan import plan_of
 from hydro.trial.spec import TuneSpec
+from hydro.trial.surrogate import templates_in_process
 from hydro.trial.unit import FusedTrial
 from hydro.tune.cluster.output import quiet_trial
 from hydro.tune.placement.gpu_types import PLACEMENT_KEY
@@ -60,6 +60,7 @@ def _process_started_at() -> float:
 
 _PROCESS_STARTED_AT = _process_started_at()
 _TRIALS_IN_PROCESS = 0  # trials this process has run (1: a fresh worker)
+_PROCESS_THREADS = torch.get_num_threads()  # the torch threads of this worker's Ray CPUs (Ray sets OMP_NUM_THREADS)
 
 
 def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
@@ -94,10 +95,11 @@ def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
         function = tune.with_parameters(hydro_trial, data=data)
     request = {name.upper(): amount for name, amount in resources.items()}
 
-    def trial_request(config: dict) -> tune.PlacementGroupFactory:  # a plan may ask for more CPUs (see TrialPlan)
-        cpus = plan_of(config).cpus                                  # and a placement for a GPU type
+    def trial_request(config: dict) -> tune.PlacementGroupFactory:
+        # one request for every plan (Tune reuses a worker only for a trial of the same request): a wider plan's CPUs
+        # are torch threads in its worker (run_trial); a placement adds its GPU type's resource
         placed = dict(config[PLACEMENT_KEY].resources) if PLACEMENT_KEY in config else {}
-        return tune.PlacementGroupFactory([{**request, **placed, **({"CPU": cpus} if cpus else {})}])
+        return tune.PlacementGroupFactory([{**request, **placed}])
 
     return tune.with_resources(function, trial_request)
 
@@ -152,11 +154,13 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
     global _TRIALS_IN_PROCESS
     _TRIALS_IN_PROCESS += 1
     state = _restored_state()
+    warm = {"cached_plans": plans_in_process(), "cached_templates": templates_in_process()}
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None,
                             state["epoch"] if state else 0)
     with session.failing():  # an error of the trial's own code fails its members; it is not retried
-        if session.plan.cpus:  # a wider trial (a stage that leaves trial slots idle) trains on all its CPUs
-            torch.set_num_threads(session.plan.cpus)
+        # a wider trial (a stage that leaves trial slots idle) trains on their CPUs as torch threads in a worker of
+        # the trainable's one resource shape, so that Tune reuses the run's warm workers across its stages
+        torch.set_num_threads(session.plan.cpus or _PROCESS_THREADS)
         gpu_ids = ray.get_gpu_ids()
         device = resolve_device(spec.device, gpu_ids)
         budget = _gpu_share_bytes(spec, device)
@@ -171,7 +175,8 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
         trial = FusedTrial(spec, plan, data, member_ids=session.member_ids, device=device,
                            memory_budget_bytes=budget, fusion=fusion)
         timing = {"trial_started_at": started, "worker_started_at": _PROCESS_STARTED_AT,
-                  "worker_trials": _TRIALS_IN_PROCESS, "setup_data_s": loaded - clock + trial.data_setup_s,
+                  "worker_trials": _TRIALS_IN_PROCESS, "worker_pid": os.getpid(), **warm,
+                  "torch_threads": torch.get_num_threads(), "setup_data_s": loaded - clock + trial.data_setup_s,
                   "setup_plan_s": planned - loaded, "setup_build_s": trial.build_s}
         if trial.fallback:
             logger.warning("training %d members unfused (fallback_unfused): %s", len(trial.member_ids),
