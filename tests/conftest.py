@@ -55,7 +55,8 @@ def ray_cluster():
     uses the fixture starts it again."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+        ray.init(address="local", num_cpus=2, include_dashboard=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
         _SHARED["ray"] = ray
     yield ray
 

@@ -31,7 +31,7 @@ TARGET = [("t", {"lr": 0.05, "momentum": 0.9, "hidden": 1024})]
 @pytest.fixture(scope="module")
 def fake_gpu_cluster():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, resources={"hydro_gpu:fast": 1, "hydro_gpu:slow": 1}, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, resources={"hydro_gpu:fast": 1, "hydro_gpu:slow": 1}, include_dashboard=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     yield ray
     ray.shutdown()

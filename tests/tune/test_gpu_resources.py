@@ -23,7 +23,8 @@ CONFIGS = [("a", {"lr": 0.1, "momentum": 0.9}), ("b", {"lr": 0.01, "momentum": 0
 @pytest.fixture(scope="module")
 def one_gpu_cluster():
     """A local Ray cluster that declares one GPU (2 CPUs, no dashboard)."""
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     yield
     ray.shutdown()
 

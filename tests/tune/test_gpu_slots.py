@@ -14,7 +14,8 @@ from tests.tune.workload import SPACE, spec
 
 @pytest.fixture(scope="module")
 def eight_gpu_node():
-    ray.init(num_cpus=2, num_gpus=8, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    ray.init(address="local", num_cpus=2, num_gpus=8, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     yield
     ray.shutdown()
 
