@@ -323,8 +323,6 @@ CASES = [
     case("check-energy-batch-sizes-miss-the-workloads", lambda: check_arguments(  # fixed
         spec(), SPACE, energy=energy(batch_sizes=(16, 64))), ValueError,
          "the workload's batch size 32 is not among the bandit's batch sizes [16, 64]"),
-    case("check-energy-and-bubbles", lambda: check_arguments(spec(), SPACE, energy=energy(), bubbles=True),
-         ValueError, "energy tuning and bubble filling are separate schedulers"),
     case("check-bubbles-with-gpus", lambda: check_arguments(spec(), SPACE, bubbles=True, gpus_per_trial=1),
          ValueError, "gpus_per_trial does not apply with bubbles=True"),
     case("searcher-scale-zero", lambda: searcher(scale=0), ValueError,

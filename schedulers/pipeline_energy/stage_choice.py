@@ -4,7 +4,7 @@ the Perseus plan's clocks (its slack spent on energy); every decision carries it
 The energy side is the plan's saving on the stage (J per iteration) against all-max clocks. The trials side
 is the stage's measured bubble seconds per iteration times what fills make of a bubble second
 (:class:`FillValue`: member-steps per bubble second, each worth what it costs on a dedicated device), less
-the energy the fill draws over blocking. :class:`~schedulers.pipeline_energy.slack.EnergyOrTrials` compares
+the energy the fills draw over blocking while they compute. :class:`~schedulers.pipeline_energy.slack.EnergyOrTrials` compares
 them.
 """
 from __future__ import annotations
@@ -24,24 +24,31 @@ class FillValue:
     Args:
         member_steps_per_bubble_s: member-steps (a fused step of k members counts k) fills complete per second
             of bubble they get.
+        compute_share: the fills' compute seconds per bubble second, in [0, 1].
         joules_per_member_step: what one member-step costs on a dedicated device (J).
         fill_power_w: the power a stage's device draws while a fill computes in a bubble (W).
     """
 
     member_steps_per_bubble_s: float
+    compute_share: float
     joules_per_member_step: float
     fill_power_w: float
 
     def __post_init__(self) -> None:
-        for name in ("member_steps_per_bubble_s", "joules_per_member_step", "fill_power_w"):
+        for name in ("member_steps_per_bubble_s", "compute_share", "joules_per_member_step", "fill_power_w"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"pipeline_energy: FillValue.{name}={value} must be a measured value >= 0.")
+        if self.compute_share > 1:
+            raise ValueError(f"pipeline_energy: FillValue.compute_share={self.compute_share} must be in [0, 1] "
+                             f"(fill compute seconds per bubble second).")
 
     @property
-    def joules_per_bubble_s(self) -> float:
-        """What one second of bubble is worth to the fills (J)."""
-        return self.member_steps_per_bubble_s * self.joules_per_member_step
+    def joules_per_compute_s(self) -> float:
+        """What one second of the fills' compute is worth (J); 0 when they computed nothing."""
+        if self.compute_share == 0:
+            return 0.0
+        return self.member_steps_per_bubble_s * self.joules_per_member_step / self.compute_share
 
 
 @dataclass(frozen=True)
@@ -70,9 +77,10 @@ def decide_stages(dag: InstructionDAG, profile: PipelineProfile, plan: PlanPoint
         raise ValueError(f"pipeline_energy: {dag.num_stages} stages need one measured bubble time (s per iteration, "
                          f">= 0) each; got {list(bubble_s)}.")
     baseline = dag.evaluate(dag.max_frequency_plan(profile), profile)
-    policy = EnergyOrTrials(fill.joules_per_bubble_s)
-    slacks = [StageSlack(stage, idle, baseline.stage_energy_j[stage] - plan.stage_energy_j[stage], idle,
-                         idle * max(fill.fill_power_w - profile.p2p_power_w, 0.0))
+    policy = EnergyOrTrials(fill.joules_per_compute_s)
+    extra_w = max(fill.fill_power_w - profile.p2p_power_w, 0.0)
+    slacks = [StageSlack(stage, idle, baseline.stage_energy_j[stage] - plan.stage_energy_j[stage],
+                         idle * fill.compute_share, idle * fill.compute_share * extra_w)
               for stage, idle in enumerate(bubble_s)]
     uses = [policy.choose(s) for s in slacks]
     clocks = dag.stage_plans(apply_choices(dag, profile, plan, uses).frequencies)

@@ -7,14 +7,18 @@ pipeline job hands back when it ends, or the slot a late-stage trial was promote
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict
 
 import ray
 
+from hydro.atomic_write import atomic_write
 from hydro.bubbles.host import SlotMode
 from schedulers.bubbles import BubblePlacement, Slot, TrialNeeds
 
 SERVICE_NAME = "hydro-bubbles/placement"
+STAGE_DECISIONS_FILE = "hydro_stage_decisions.json"
 
 
 def unit_key(trial_id: str, index: int) -> str:
@@ -37,6 +41,7 @@ class PlacementService:
         self.evicted: dict[str, dict | None] = {}  # trial -> checkpoint handed back by its ended job
         self.needs: dict[str, TrialNeeds] = {}
         self.ending: dict[str, dict[str, str]] = {}  # job shutting down -> {slot: trial}
+        self.decisions: dict[str, list[dict]] = {}  # job -> its stages' slack decisions (energy or fill trials)
 
     def register_pipeline(self, job: str, stage_bubble_fractions: list[float], stage_free_bytes: list[int],
                           hosts: list[str]) -> None:
@@ -46,6 +51,15 @@ class PlacementService:
         """One stage of ``job`` as the bubble slot ``<job>/<stage>`` (for jobs whose stages register themselves,
         e.g. from a Ray Train worker: :mod:`hydro.tune.bubbles.ray_train`)."""
         self.policy.add_slot(Slot(f"{job}/{stage}", False, free_bytes, bubble_fraction, job=job, host=host))
+
+    def record_decisions(self, job: str, decisions: list[dict]) -> None:
+        """Keep how ``job``'s stages use their slack (``hydro.tune.pipeline.stage_energy.record``: the use, the
+        values it was decided on and the reason)."""
+        self.decisions[job] = decisions
+
+    def stage_decisions(self) -> dict[str, list[dict]]:
+        """Every registered job's stage decisions (see :meth:`record_decisions`)."""
+        return self.decisions
 
     def add_dedicated(self, name: str, free_bytes: int, host: str) -> None:
         self.policy.add_slot(Slot(name, True, free_bytes, host=host))
@@ -167,3 +181,12 @@ def placement_service(promote_rung: float = float("inf")):
     """The run's placement service (created on first use; later calls get the same actor)."""
     return ray.remote(num_cpus=0)(PlacementService).options(
         name=SERVICE_NAME, get_if_exists=True).remote(promote_rung)
+
+
+def write_stage_decisions(run_dir: str) -> dict[str, list[dict]]:
+    """Write the placement service's stage decisions (job -> its stages' slack decisions, see
+    :meth:`PlacementService.record_decisions`) to ``<run_dir>/hydro_stage_decisions.json``; returns them."""
+    decisions = ray.get(ray.get_actor(SERVICE_NAME).stage_decisions.remote())
+    with atomic_write(os.path.join(run_dir, STAGE_DECISIONS_FILE)) as file:
+        json.dump(decisions, file, indent=1)
+    return decisions
