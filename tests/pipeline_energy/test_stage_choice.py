@@ -1,22 +1,12 @@
 """Per-stage decision from measured values: which stages host fills, which follow the clock plan, and why."""
 import pytest
 
-from schedulers.pipeline_energy import FillValue, Instruction, PipelineProfile, ProfileRow, SlackUse, decide_stages
-from tests.pipeline_energy.plans import solve
-
-
-def _profile() -> PipelineProfile:
-    """Stage 1 is the bottleneck; stage 0 has slack and slows cheaply."""
-    rows = []
-    for stage, scale in ((0, 1.0), (1, 2.0)):
-        for kind, base in ((Instruction.FORWARD, 0.010), (Instruction.BACKWARD, 0.020)):
-            for mhz, slow, energy in ((1800, 1.0, 3.0), (1500, 1.1, 2.6), (1200, 1.2, 2.4)):
-                rows.append(ProfileRow(stage, kind, mhz, round(base * scale * slow, 6), energy * scale * base / 0.01))
-    return PipelineProfile(tuple(rows), p2p_power_w=50.0)
+from schedulers.pipeline_energy import FillValue, SlackUse, decide_stages
+from tests.pipeline_energy.plans import solve, two_stage_profile
 
 
 def test_the_stage_whose_bubbles_are_worth_more_hosts_fills_the_other_follows_the_plan():
-    profile = _profile()
+    profile = two_stage_profile()
     dag, _, baseline, free = solve(profile, microbatches=4)
     saved = [b - f for b, f in zip(baseline.stage_energy_j, free.stage_energy_j)]
     assert saved[0] > 0  # stage 0 has slack the plan turns into energy
@@ -37,7 +27,7 @@ def test_the_stage_whose_bubbles_are_worth_more_hosts_fills_the_other_follows_th
 
 
 def test_fills_worth_nothing_leave_every_stage_on_the_plan():
-    profile = _profile()
+    profile = two_stage_profile()
     dag, _, _, free = solve(profile, microbatches=4)
     decisions = decide_stages(dag, profile, free, [0.2, 0.2], FillValue(0.0, 0.0, 2.0, 150.0))
     assert [d.use for d in decisions] == [SlackUse.ENERGY, SlackUse.ENERGY]
@@ -45,7 +35,7 @@ def test_fills_worth_nothing_leave_every_stage_on_the_plan():
 
 
 def test_bad_measurements_are_refused_with_what_to_give():
-    profile = _profile()
+    profile = two_stage_profile()
     dag, _, _, free = solve(profile, microbatches=4)
     with pytest.raises(ValueError, match="2 stages need one measured bubble time"):
         decide_stages(dag, profile, free, [0.1], FillValue(1.0, 0.5, 1.0, 1.0))
