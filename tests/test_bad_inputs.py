@@ -37,8 +37,10 @@ from hydro.trial.check import WorkloadError
 from hydro.tune import HydroSearcher, accuracy
 from hydro.tune.energy.scheduler import EnergyScheduler, for_hydro
 from hydro.tune.pipeline.job import PipelineJob
+from hydro.tune.pipeline.stage_energy import FillRate
 from hydro.tune.run import check_arguments, fit, prepare
 from schedulers.member_stopping import ASHA, ConvergenceStopping
+from schedulers.pipeline_energy import FillValue
 from tests.tune import fault_workloads as FAULTS
 from tests.tune import real_workloads
 from tests.tune.workload import SPACE, spec
@@ -495,6 +497,11 @@ CASES = [
          WorkloadError, "TuneSpec.group_by misses 'p'"),
     case("load-model-run-directory-without-a-model", lambda: hydro.tune.load_model("no_such_run"),  # fixed
          ValueError, "hydro.tune.load_model: no_such_run holds no trained full-size model (hydro_model.pt)"),
+    # --- energy and bubbles per stage (hydro.tune.pipeline.stage_energy, schedulers.pipeline_energy) -----------
+    case("fill-rate-compute-share-above-one", lambda: FillRate(10.0, 1.5), ValueError,
+         "FillRate(10.0, 1.5) needs member-steps per bubble second >= 0 and a compute share in [0, 1]"),
+    case("fill-value-negative-worth", lambda: FillValue(10.0, 0.5, -1.0, 300.0), ValueError,
+         "FillValue.joules_per_member_step=-1.0 must be a measured value >= 0"),
 ]
 
 

@@ -3,11 +3,14 @@
 Pipeline jobs register their stages (bubble slots), dedicated workers register as dedicated slots, and the
 units of fill trials (see :mod:`hydro.tune.bubbles.fill_trainable`; a Tune trial has one unit per slot it needs, keyed
 ``<trial id>#<i>``) ask it where to run. It also keeps what a unit needs when its slot goes away: the state a
-pipeline job hands back when it ends, or the slot a late-stage trial was promoted to.
+pipeline job hands back when it ends, or the slot a late-stage trial was promoted to; and, for jobs registered
+with energy on, each stage's decision between fill trials and a clock plan, with its reason
+(:mod:`hydro.tune.pipeline.stage_energy`).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict
 
@@ -16,6 +19,8 @@ import ray
 from hydro.atomic_write import atomic_write
 from hydro.bubbles.host import SlotMode
 from schedulers.bubbles import BubblePlacement, Slot, TrialNeeds
+
+logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "hydro-bubbles/placement"
 STAGE_DECISIONS_FILE = "hydro_stage_decisions.json"
@@ -185,8 +190,14 @@ def placement_service(promote_rung: float = float("inf")):
 
 def write_stage_decisions(run_dir: str) -> dict[str, list[dict]]:
     """Write the placement service's stage decisions (job -> its stages' slack decisions, see
-    :meth:`PlacementService.record_decisions`) to ``<run_dir>/hydro_stage_decisions.json``; returns them."""
-    decisions = ray.get(ray.get_actor(SERVICE_NAME).stage_decisions.remote())
+    :meth:`PlacementService.record_decisions`) to ``<run_dir>/hydro_stage_decisions.json``; returns them (nothing
+    is written, with a warning, when the service is gone)."""
+    try:
+        service = ray.get_actor(SERVICE_NAME)
+    except ValueError:
+        logger.warning("hydro: the placement service is gone; the stages' decisions are not written to %s", run_dir)
+        return {}
+    decisions = ray.get(service.stage_decisions.remote())
     with atomic_write(os.path.join(run_dir, STAGE_DECISIONS_FILE)) as file:
         json.dump(decisions, file, indent=1)
     return decisions

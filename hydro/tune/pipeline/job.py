@@ -8,6 +8,8 @@ by layer, under ``SCHED_IDLE``; ``SlotMode.NAIVE`` lets it run alongside at norm
 The fill is untrusted: an iteration never waits for it, and a fill that raises, crashes or hangs is detached.
 Stage actors are named ``hydro-bubbles/<job>/<stage>`` so a placement policy can find them. The stages rendezvous
 on the address of the node Ray placed stage 0 on (loopback when all share one node), so a job spans nodes.
+Registered with energy on (:class:`~hydro.tune.pipeline.stage_energy.StageEnergy`), a stage either stays a bubble
+slot or follows a Perseus clock plan on its device, whichever its measured slack is worth more to.
 """
 from __future__ import annotations
 
