@@ -104,7 +104,8 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--bubbles", action="store_true",
                         help="run the fused trials in the bubbles of the pipeline jobs registered with the cluster's "
                              "placement service (late-stage trials and the target on its dedicated workers); needs "
-                             "--address or $RAY_ADDRESS")
+                             "--address or $RAY_ADDRESS; with --energy, the energy bandit picks the fills' batch "
+                             "sizes (docs/energy.md#energy-or-trials-per-stage)")
     parser.set_defaults(func=run)
 
 
