@@ -32,7 +32,7 @@ from hydro.pipeline.profiler import blocking_power_w, profile_stage, reference_i
 from hydro.trial.plan import TrialPlan
 from hydro.trial.spec import TuneSpec
 from hydro.tune.pipeline import stage_energy
-from hydro.tune.pipeline.stage_energy import FillRate, StageEnergy
+from hydro.tune.pipeline.stage_energy import FillRate, MeasuredStages, StageEnergy
 from schedulers.pipeline_energy import ProfileRow, SlackUse, StageDecision
 
 
@@ -221,39 +221,41 @@ class PipelineJob:
         ray.get([s.connect.remote(address) for s in self.stages])
         self.service = None
 
-    def register(self, service, iterations: int = 3, energy: StageEnergy | None = None) -> list[StageDecision] | None:
+    def register(self, service, iterations: int = 3, energy: StageEnergy | None = None,
+                 measured: MeasuredStages | None = None) -> list[StageDecision] | None:
         """Offer the stages to the placement ``service`` as bubble slots ``<job>/<stage>``: each stage's bubble
         fraction measured over ``iterations`` and the memory it can spare. With ``energy``, only the stages whose
         bubbles are worth more to fill trials than the clock plan's saving are offered; the others follow the plan's
-        clocks from the next :meth:`run` on (see :mod:`hydro.tune.pipeline.stage_energy`); returns the decisions,
-        which the service keeps with their reasons."""
-        reports = self.run(iterations)
-        fractions = [sum(b["length"] for b in r["bubbles"]) / r["wall_s"] for r in reports]
-        budgets = ray.get([s.fill_budget.remote() for s in self.stages])
+        clocks from the next :meth:`run` on (see :mod:`hydro.tune.pipeline.stage_energy`); decided on ``measured``
+        (default: :meth:`measure_stages` now); returns the decisions, which the service keeps with their reasons."""
         if energy is None:
+            reports = self.run(iterations)
+            fractions = [sum(b["length"] for b in r["bubbles"]) / r["wall_s"] for r in reports]
+            budgets = ray.get([s.fill_budget.remote() for s in self.stages])
             ray.get(service.register_pipeline.remote(self.name, fractions, budgets, self.actor_names))
             self.service = service
             return None
-        decisions = self._decide(reports, iterations, energy)
+        measured = measured if measured is not None else self.measure_stages(energy, iterations)
+        decisions = stage_energy.decide(measured, self.spec.microbatches, energy)
+        budgets = ray.get([s.fill_budget.remote() for s in self.stages])
         for d in decisions:
             if d.use is SlackUse.TRIALS:
-                ray.get(service.register_stage.remote(self.name, d.stage, fractions[d.stage], budgets[d.stage],
-                                                      self.actor_names[d.stage]))
+                ray.get(service.register_stage.remote(self.name, d.stage, measured.bubble_fractions[d.stage],
+                                                      budgets[d.stage], self.actor_names[d.stage]))
             else:
                 ray.get(self.stages[d.stage].follow_clocks.remote(list(d.frequencies_mhz)))
         ray.get(service.record_decisions.remote(self.name, [stage_energy.record(d) for d in decisions]))
         self.service = service
         return decisions
 
-    def decide_stages(self, energy: StageEnergy, iterations: int = 3) -> list[StageDecision]:
-        """Each stage's decision (fill trials or the clock plan, see :meth:`register`) from ``iterations`` measured
-        now; nothing is registered or applied."""
-        return self._decide(self.run(iterations), iterations, energy)
-
-    def _decide(self, reports: list[dict], iterations: int, energy: StageEnergy) -> list[StageDecision]:
-        bubble_s = [sum(b["length"] for b in r["bubbles"]) / iterations for r in reports]
+    def measure_stages(self, energy: StageEnergy, iterations: int = 3) -> MeasuredStages:
+        """Each stage's bubbles over ``iterations`` and its clocks' profile on ``energy.device(stage)`` (what
+        :meth:`register` decides on)."""
+        reports = self.run(iterations)
         profiles = ray.get([s.profile_clocks.remote(energy.device, energy.repeats) for s in self.stages])
-        return stage_energy.decide(profiles, bubble_s, self.spec.microbatches, energy)
+        return MeasuredStages(tuple(profiles),
+                              tuple(sum(b["length"] for b in r["bubbles"]) / iterations for r in reports),
+                              tuple(sum(b["length"] for b in r["bubbles"]) / r["wall_s"] for r in reports))
 
     def measure_fill(self, stage: int, spec: TuneSpec, plan: TrialPlan, iterations: int = 6, measured_runs: int = 3,
                      rounds: int = 400) -> FillRate:

@@ -12,7 +12,7 @@ service (:meth:`~hydro.tune.bubbles.service.PlacementService.stage_decisions`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hydro.energy.device import EnergyDevice
@@ -75,9 +75,19 @@ class SimulatedDevices:
         return SimulatedDVFSDevice(f"sim-gpu{stage}", self.model)
 
 
-def decide(profiles: Sequence[tuple[list[ProfileRow], float]], bubble_s: Sequence[float], microbatches: int,
-           energy: StageEnergy) -> list[StageDecision]:
-    """Each stage's decision from its profile (rows, blocking power W) and measured bubble seconds per iteration."""
+@dataclass(frozen=True)
+class MeasuredStages:
+    """What a job's stages measured (``PipelineJob.measure_stages``): per stage its profile (Perseus's rows, and
+    its power while blocking, W), its bubble seconds per iteration and its bubble fraction of wall time."""
+
+    profiles: tuple[tuple[list[ProfileRow], float], ...]
+    bubble_s: tuple[float, ...]
+    bubble_fractions: tuple[float, ...]
+
+
+def decide(measured: MeasuredStages, microbatches: int, energy: StageEnergy) -> list[StageDecision]:
+    """Each stage's decision from what it measured and ``energy`` (the fills' rate and worth, the slowdown)."""
+    profiles, bubble_s = measured.profiles, measured.bubble_s
     profile = PipelineProfile(tuple(r for rows, _ in profiles for r in rows),
                               sum(p2p for _, p2p in profiles) / len(profiles))
     dag = InstructionDAG(one_f_one_b(len(profiles), microbatches))
