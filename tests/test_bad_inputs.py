@@ -37,8 +37,10 @@ from hydro.trial.check import WorkloadError
 from hydro.tune import HydroSearcher, accuracy
 from hydro.tune.energy.scheduler import EnergyScheduler, for_hydro
 from hydro.tune.pipeline.job import PipelineJob
+from hydro.tune.pipeline.stage_energy import FillRate
 from hydro.tune.run import check_arguments, fit, prepare
 from schedulers.member_stopping import ASHA, ConvergenceStopping
+from schedulers.pipeline_energy import FillValue
 from tests.tune import fault_workloads as FAULTS
 from tests.tune import real_workloads
 from tests.tune.workload import SPACE, spec
@@ -323,8 +325,6 @@ CASES = [
     case("check-energy-batch-sizes-miss-the-workloads", lambda: check_arguments(  # fixed
         spec(), SPACE, energy=energy(batch_sizes=(16, 64))), ValueError,
          "the workload's batch size 32 is not among the bandit's batch sizes [16, 64]"),
-    case("check-energy-and-bubbles", lambda: check_arguments(spec(), SPACE, energy=energy(), bubbles=True),
-         ValueError, "energy tuning and bubble filling are separate schedulers"),
     case("check-bubbles-with-gpus", lambda: check_arguments(spec(), SPACE, bubbles=True, gpus_per_trial=1),
          ValueError, "gpus_per_trial does not apply with bubbles=True"),
     case("searcher-scale-zero", lambda: searcher(scale=0), ValueError,
@@ -504,6 +504,11 @@ CASES = [
          ValueError, "bubble filling runs them on the pipeline jobs' devices: use one of them"),
     case("placement-on-a-local-cluster-without-gpus", lambda: fit(spec(), SPACE, num_samples=2, placement="elastic"),
          ValueError, "the cluster Hydro starts on this machine has none (no GPU here)"),
+    # --- energy and bubbles per stage (hydro.tune.pipeline.stage_energy, schedulers.pipeline_energy) -----------
+    case("fill-rate-compute-share-above-one", lambda: FillRate(10.0, 1.5), ValueError,
+         "FillRate(10.0, 1.5) needs member-steps per bubble second >= 0 and a compute share in [0, 1]"),
+    case("fill-value-negative-worth", lambda: FillValue(10.0, 0.5, -1.0, 300.0), ValueError,
+         "FillValue.joules_per_member_step=-1.0 must be a measured value >= 0"),
 ]
 
 

@@ -78,11 +78,16 @@ def profile_pipeline(instructions: Sequence[Mapping[Instruction, InstructionRun]
     if len(instructions) != len(devices):
         raise ValueError(f"energy.pipeline_profiler: {len(instructions)} stages but {len(devices)} devices; give "
                          f"one device per stage.")
-    rows = [ProfileRow(stage, kind, mhz, seconds, joules)
-            for stage, (runs, device) in enumerate(zip(instructions, devices))
-            for kind in Instruction
-            for mhz, seconds, joules in scan_instruction(device, runs[kind], **scan_options)]
+    rows = [row for stage, (runs, device) in enumerate(zip(instructions, devices))
+            for row in profile_stage(stage, runs, device, **scan_options)]
     return PipelineProfile(tuple(rows), p2p_power_w)
+
+
+def profile_stage(stage: int, runs: Mapping[Instruction, InstructionRun], device: EnergyDevice,
+                  **scan_options) -> list[ProfileRow]:
+    """Perseus's rows of one stage: each of its instructions (``runs``) scanned on ``device``."""
+    return [ProfileRow(stage, kind, mhz, seconds, joules) for kind in Instruction
+            for mhz, seconds, joules in scan_instruction(device, runs[kind], **scan_options)]
 
 
 def simulated_pipeline_profile(host_s: Sequence[Mapping[Instruction, float]], model: DVFSModel) -> PipelineProfile:

@@ -9,6 +9,8 @@ object over an initialised process group; :mod:`hydro.tune.pipeline.job` places 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -233,6 +235,17 @@ class PipelineStage:
     def run_frequency_plan(self, iterations: int, frequencies: list[int], device: EnergyDevice) -> list[float]:
         """Run ``iterations`` with ``frequencies[i]`` (MHz) set on ``device`` before this stage's i-th instruction
         of each iteration; the device's default clock is restored however the run ends. Returns the losses."""
+        with self.planned_clocks(frequencies, device):
+            return [self.run_iteration() for _ in range(iterations)]
+
+    @contextmanager
+    def planned_clocks(self, frequencies: list[int], device: EnergyDevice) -> Iterator[None]:
+        """Iterations run in the body set ``frequencies[i]`` (MHz) on ``device`` before this stage's i-th
+        instruction of each iteration; the device's default clock is restored however the body exits.
+
+        Raises:
+            ValueError: ``frequencies`` does not give one clock per instruction of an iteration.
+        """
         if len(frequencies) != len(self.schedule):
             raise ValueError(f"bubbles: stage {self.stage} runs {len(self.schedule)} instructions per iteration; the "
                              f"plan gives {len(frequencies)} frequencies (one per instruction, in schedule order).")
@@ -240,7 +253,7 @@ class PipelineStage:
         self.model = FrequencyPlanned(model, frequencies, device)
         try:
             with restoring_default_clock(device):
-                return [self.run_iteration() for _ in range(iterations)]
+                yield
         finally:
             self.model = model
 

@@ -106,7 +106,8 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--bubbles", action="store_true",
                         help="run the fused trials in the bubbles of the pipeline jobs registered with the cluster's "
                              "placement service (late-stage trials and the target on its dedicated workers); needs "
-                             "--address or $RAY_ADDRESS")
+                             "--address or $RAY_ADDRESS; with --energy, the energy bandit picks the fills' batch "
+                             "sizes (docs/energy.md#energy-or-trials-per-stage)")
     parser.add_argument("--placement", choices=PLACEMENTS,
                         help="elastic: run each fused trial on the GPU type (nodes declaring hydro_gpu:<type> "
                              "resources, or Ray's detected types) where it is predicted to finish first "

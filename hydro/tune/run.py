@@ -21,6 +21,7 @@ from hydro.trial.spec import TuneSpec
 from hydro.tune.cluster import ray_internals
 from hydro.tune.cluster import sessions as ray_sessions
 from hydro.tune.bubbles.scheduler import BubbleScheduler
+from hydro.tune.bubbles.service import write_stage_decisions
 from hydro.tune.energy.scheduler import check_batch_sizes, for_hydro
 from hydro.tune.bubbles.fill_trainable import bubble_fill
 from hydro.tune.placement.gpu_types import require_gpu_types
@@ -169,9 +170,6 @@ def check_arguments(spec: TuneSpec, param_space: dict, *, energy: EnergySettings
                          "value / EnergySettings(batch_sizes=()))")
     if energy is not None:
         check_batch_sizes(energy, spec)
-    if energy is not None and bubbles:
-        raise ValueError("hydro: energy tuning and bubble filling are separate schedulers and cannot be combined yet; "
-                         "run with one of energy=... (--energy) or bubbles=True (--bubbles)")
     if bubbles and gpus_per_trial:
         raise ValueError("hydro: bubble filling runs fused trials on the pipeline stages' own devices; "
                          "gpus_per_trial does not apply with bubbles=True (--bubbles): leave it at 0")
@@ -252,8 +250,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
                   plan_fusion=in_trial, quiet=verbose < 2),
         param_space=param_space,
         tune_config=tune.TuneConfig(search_alg=hydro_searcher, num_samples=-1, metric=spec.metric, mode=spec.mode,
-                                    scheduler=BubbleScheduler() if bubbles else
-                                    None if energy is None else for_hydro(energy, spec, seed),
+                                    scheduler=_scheduler(spec, energy, bubbles, seed),
                                     reuse_actors=True, max_concurrent_trials=max_concurrent_trials,
                                     trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=1 if verbose >= 2 else 0,
@@ -263,7 +260,14 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     )
     with ray_output(verbose >= 2):
         results = tuner.fit()
-    return _finish(results, spec, hydro_searcher)
+    return _finish(results, spec, hydro_searcher, bubbles)
+
+
+def _scheduler(spec: TuneSpec, energy: EnergySettings | None, bubbles: bool, seed: int) -> TrialScheduler | None:
+    """The run's trial scheduler: with bubbles, :class:`BubbleScheduler` over the energy scheduler (fill trials
+    unmetered: it chooses their batch sizes); without, the energy scheduler or Tune's default."""
+    chosen = None if energy is None else for_hydro(energy, spec, seed, metered=not bubbles)
+    return BubbleScheduler(chosen) if bubbles else chosen
 
 
 def resume(run_dir: str, spec: TuneSpec, *, data: tuple[DataSource, DataSource] | None = None,
@@ -290,7 +294,7 @@ def resume(run_dir: str, spec: TuneSpec, *, data: tuple[DataSource, DataSource] 
                          f"tune.Tuner.restore")
     with ray_output(verbose >= 2):
         results = tuner.fit()
-    return _finish(results, spec, searcher)
+    return _finish(results, spec, searcher, bubbles)
 
 
 def check_run_dir(run_dir: str) -> str:
@@ -303,11 +307,13 @@ def check_run_dir(run_dir: str) -> str:
     return check_storage(path)
 
 
-def _finish(results: tune.ResultGrid, spec: TuneSpec,
-            searcher: HydroSearcher) -> tuple[tune.ResultGrid, HydroSearcher]:
-    """Write the run's results; raise :class:`TuningFailed` when no member has a finite objective, else log the
-    members that failed."""
+def _finish(results: tune.ResultGrid, spec: TuneSpec, searcher: HydroSearcher,
+            bubbles: bool = False) -> tuple[tune.ResultGrid, HydroSearcher]:
+    """Write the run's results (with ``bubbles``, the pipeline stages' slack decisions too); raise
+    :class:`TuningFailed` when no member has a finite objective, else log the members that failed."""
     _, best = write_results(results, spec)
+    if bubbles:
+        write_stage_decisions(results.experiment_path)
     if best is None:
         raise TuningFailed(failure_summary(results, searcher.rejected_members()), results, searcher)
     line = failures_line(results, searcher.rejected_members())

@@ -17,12 +17,14 @@ from schedulers.pipeline_energy.slack import (
     apply_choices,
     stage_slack,
 )
+from schedulers.pipeline_energy.stage_choice import FillValue, StageDecision, decide_stages
 
 __all__ = [
     "ByDeadline",
     "ByMaxSlowdown",
     "DownwardScan",
     "EnergyOrTrials",
+    "FillValue",
     "Instruction",
     "InstructionDAG",
     "InstructionKey",
@@ -33,9 +35,11 @@ __all__ = [
     "ProfileRow",
     "SlackPolicy",
     "SlackUse",
+    "StageDecision",
     "StageSlack",
     "apply_choices",
     "brute_force_frontier",
+    "decide_stages",
     "lowtime_frontier",
     "pareto_front",
     "stage_slack",

@@ -25,3 +25,13 @@ def solve(profile: PipelineProfile, microbatches: int) -> tuple[InstructionDAG, 
     frontier = lowtime_frontier(dag, profile, unit_s=0.001)
     baseline = dag.evaluate(dag.max_frequency_plan(profile), profile)
     return dag, frontier, baseline, ByMaxSlowdown(0.0).choose(frontier, baseline)
+
+
+def two_stage_profile() -> PipelineProfile:
+    """Stage 1 is the bottleneck; stage 0 has slack and slows cheaply."""
+    rows = []
+    for stage, scale in ((0, 1.0), (1, 2.0)):
+        for kind, base in ((Instruction.FORWARD, 0.010), (Instruction.BACKWARD, 0.020)):
+            for mhz, slow, energy in ((1800, 1.0, 3.0), (1500, 1.1, 2.6), (1200, 1.2, 2.4)):
+                rows.append(ProfileRow(stage, kind, mhz, round(base * scale * slow, 6), energy * scale * base / 0.01))
+    return PipelineProfile(tuple(rows), p2p_power_w=50.0)

@@ -4,30 +4,17 @@ import pytest
 from hydro.pipeline.schedule import one_f_one_b
 from schedulers.pipeline_energy import (
     EnergyOrTrials,
-    Instruction,
     InstructionDAG,
-    PipelineProfile,
-    ProfileRow,
     SlackUse,
     StageSlack,
     apply_choices,
     stage_slack,
 )
-from tests.pipeline_energy.plans import solve
-
-
-def _profile() -> PipelineProfile:
-    """Stage 1 is the bottleneck; stage 0 has slack and slows cheaply."""
-    rows = []
-    for stage, scale in ((0, 1.0), (1, 2.0)):
-        for kind, base in ((Instruction.FORWARD, 0.010), (Instruction.BACKWARD, 0.020)):
-            for mhz, slow, energy in ((1800, 1.0, 3.0), (1500, 1.1, 2.6), (1200, 1.2, 2.4)):
-                rows.append(ProfileRow(stage, kind, mhz, round(base * scale * slow, 6), energy * scale * base / 0.01))
-    return PipelineProfile(tuple(rows), p2p_power_w=50.0)
+from tests.pipeline_energy.plans import solve, two_stage_profile
 
 
 def test_policy_picks_per_stage_and_reports_both_sides():
-    profile = _profile()
+    profile = two_stage_profile()
     dag, _, baseline, free = solve(profile, microbatches=4)
     slacks = stage_slack(dag, profile, free, fill_share=0.6, fill_power_w=300.0)
     assert slacks[0].slack_s > slacks[1].slack_s >= 0
@@ -53,4 +40,4 @@ def test_policy_compares_value_and_saving():
     with pytest.raises(ValueError, match="negative"):
         EnergyOrTrials(-1.0)
     with pytest.raises(ValueError, match="fill_share"):
-        stage_slack(InstructionDAG(one_f_one_b(2, 2)), _profile(), None, fill_share=1.5, fill_power_w=1.0)
+        stage_slack(InstructionDAG(one_f_one_b(2, 2)), two_stage_profile(), None, fill_share=1.5, fill_power_w=1.0)

@@ -48,8 +48,6 @@ def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys):
      "hydro tune --energy: hydro.energy: beta=1.0 must be > 1 (trials stop at beta x the least cost)"),
     (["--gpus-per-trial", "-1"], "hydro tune: hydro.tune: gpus_per_trial must be a fraction in [0, 1] or a whole "
                                  "number of GPUs (Ray's rule), got -1.0"),
-    (["--energy", "--energy-devices", "simulated", "--bubbles", "--address", "auto"],
-     "hydro tune: hydro: energy tuning and bubble filling are separate schedulers and cannot be combined yet"),
     (["--address", "127.0.0.1:1"], "hydro tune: no Ray cluster answers at 127.0.0.1:1 ([Errno 111] Connection "
                                    "refused); start one there with `ray start --head --port 1`"),
     (["--workload", "no_such_module"], "hydro tune: --workload no_such_module: importing 'no_such_module' failed: "

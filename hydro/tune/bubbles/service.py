@@ -3,18 +3,27 @@
 Pipeline jobs register their stages (bubble slots), dedicated workers register as dedicated slots, and the
 units of fill trials (see :mod:`hydro.tune.bubbles.fill_trainable`; a Tune trial has one unit per slot it needs, keyed
 ``<trial id>#<i>``) ask it where to run. It also keeps what a unit needs when its slot goes away: the state a
-pipeline job hands back when it ends, or the slot a late-stage trial was promoted to.
+pipeline job hands back when it ends, or the slot a late-stage trial was promoted to; and, for jobs registered
+with energy on, each stage's decision between fill trials and a clock plan, with its reason
+(:mod:`hydro.tune.pipeline.stage_energy`).
 """
 from __future__ import annotations
 
+import json
+import logging
+import os
 from dataclasses import asdict
 
 import ray
 
+from hydro.atomic_write import atomic_write
 from hydro.bubbles.host import SlotMode
 from schedulers.bubbles import BubblePlacement, Slot, TrialNeeds
 
+logger = logging.getLogger(__name__)
+
 SERVICE_NAME = "hydro-bubbles/placement"
+STAGE_DECISIONS_FILE = "hydro_stage_decisions.json"
 
 
 def unit_key(trial_id: str, index: int) -> str:
@@ -37,6 +46,7 @@ class PlacementService:
         self.evicted: dict[str, dict | None] = {}  # trial -> checkpoint handed back by its ended job
         self.needs: dict[str, TrialNeeds] = {}
         self.ending: dict[str, dict[str, str]] = {}  # job shutting down -> {slot: trial}
+        self.decisions: dict[str, list[dict]] = {}  # job -> its stages' slack decisions (energy or fill trials)
 
     def register_pipeline(self, job: str, stage_bubble_fractions: list[float], stage_free_bytes: list[int],
                           hosts: list[str]) -> None:
@@ -46,6 +56,15 @@ class PlacementService:
         """One stage of ``job`` as the bubble slot ``<job>/<stage>`` (for jobs whose stages register themselves,
         e.g. from a Ray Train worker: :mod:`hydro.tune.bubbles.ray_train`)."""
         self.policy.add_slot(Slot(f"{job}/{stage}", False, free_bytes, bubble_fraction, job=job, host=host))
+
+    def record_decisions(self, job: str, decisions: list[dict]) -> None:
+        """Keep how ``job``'s stages use their slack (``hydro.tune.pipeline.stage_energy.record``: the use, the
+        values it was decided on and the reason)."""
+        self.decisions[job] = decisions
+
+    def stage_decisions(self) -> dict[str, list[dict]]:
+        """Every registered job's stage decisions (see :meth:`record_decisions`)."""
+        return self.decisions
 
     def add_dedicated(self, name: str, free_bytes: int, host: str) -> None:
         self.policy.add_slot(Slot(name, True, free_bytes, host=host))
@@ -167,3 +186,18 @@ def placement_service(promote_rung: float = float("inf")):
     """The run's placement service (created on first use; later calls get the same actor)."""
     return ray.remote(num_cpus=0)(PlacementService).options(
         name=SERVICE_NAME, get_if_exists=True).remote(promote_rung)
+
+
+def write_stage_decisions(run_dir: str) -> dict[str, list[dict]]:
+    """Write the placement service's stage decisions (job -> its stages' slack decisions, see
+    :meth:`PlacementService.record_decisions`) to ``<run_dir>/hydro_stage_decisions.json``; returns them (nothing
+    is written, with a warning, when the service is gone)."""
+    try:
+        service = ray.get_actor(SERVICE_NAME)
+    except ValueError:
+        logger.warning("hydro: the placement service is gone; the stages' decisions are not written to %s", run_dir)
+        return {}
+    decisions = ray.get(service.stage_decisions.remote())
+    with atomic_write(os.path.join(run_dir, STAGE_DECISIONS_FILE)) as file:
+        json.dump(decisions, file, indent=1)
+    return decisions

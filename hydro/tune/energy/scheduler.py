@@ -44,7 +44,9 @@ class EnergyScheduler(FIFOScheduler):
     """FIFO scheduling plus the energy cost bound and (optionally) bandit-chosen batch sizes.
 
     ``job`` names the recurring tuning job in the store at ``store_path``. ``batch_sizes`` and
-    ``default_batch_size`` are required with ``energy_tuned=True``.
+    ``default_batch_size`` are required with ``energy_tuned=True``. ``metered=False``: the trials report no cost
+    (fill trials in pipeline bubbles share the stage's device, which has no meter per process): the bandit chooses
+    each trial's batch size but learns nothing, no trial is stopped by the bound and nothing is recorded.
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class EnergyScheduler(FIFOScheduler):
         converged_key: str = "converged",
         beta: float = 2.0,
         seed: int | None = None,
+        metered: bool = True,
     ) -> None:
         super().__init__()
         if energy_tuned and (not batch_sizes or default_batch_size is None):
@@ -67,7 +70,7 @@ class EnergyScheduler(FIFOScheduler):
                              f"bandit, got batch_sizes={batch_sizes!r}, default_batch_size={default_batch_size!r}")
         if not beta > 1:
             raise ValueError(f"EnergyScheduler: beta={beta} must be > 1 (trials stop at beta x the least cost)")
-        self.job, self.beta = job, beta
+        self.job, self.beta, self.metered = job, beta, metered
         self.keys = {"batch_size": batch_size_key, "cost": cost_key, "converged": converged_key}
         self.store = EnergyStore(store_path)
         self._history = self.store.observations(job)
@@ -103,7 +106,7 @@ class EnergyScheduler(FIFOScheduler):
             self._member_batch.update((m, choice) for m in plan_of(trial.config).member_ids)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
-        if _is_target(trial.config):
+        if _is_target(trial.config) or not self.metered:
             return TrialScheduler.CONTINUE
         cost = result.get(self.keys["cost"])
         if cost is None:
@@ -119,6 +122,10 @@ class EnergyScheduler(FIFOScheduler):
         return TrialScheduler.CONTINUE
 
     def _record(self, trial: Trial, cost: float, converged: bool) -> None:
+        if not self.metered:  # no cost to learn from: the choice is no longer pending
+            if trial.trial_id in self._assigned and self.bandit is not None:
+                self.bandit.cancel(self._assigned.pop(trial.trial_id))
+            return
         batch_size = _batch_size(trial.config, self.keys["batch_size"])
         if batch_size is None or _is_target(trial.config):
             return
@@ -179,10 +186,12 @@ def check_batch_sizes(settings: EnergySettings, spec: TuneSpec) -> list[int]:
     return sizes
 
 
-def for_hydro(settings: EnergySettings, spec: TuneSpec, seed: int | None = None) -> EnergyScheduler:
+def for_hydro(settings: EnergySettings, spec: TuneSpec, seed: int | None = None,
+              metered: bool = True) -> EnergyScheduler:
     """The scheduler of ``hydro tune --energy``: Hydro trials, cost per member-epoch, the bandit over
-    ``settings.batch_sizes`` (off if empty) starting from ``spec.batch_size``."""
+    ``settings.batch_sizes`` (off if empty) starting from ``spec.batch_size``; ``metered=False`` for fill trials
+    in pipeline bubbles (see :class:`EnergyScheduler`)."""
     sizes = check_batch_sizes(settings, spec)
     return EnergyScheduler(job=settings.job, store_path=settings.store_path, energy_tuned=bool(sizes),
                            batch_sizes=sizes or None, default_batch_size=spec.batch_size if sizes else None,
-                           cost_key=HYDRO_COST_KEY, beta=settings.beta, seed=seed)
+                           cost_key=HYDRO_COST_KEY, beta=settings.beta, seed=seed, metered=metered)

@@ -8,12 +8,16 @@ by layer, under ``SCHED_IDLE``; ``SlotMode.NAIVE`` lets it run alongside at norm
 The fill is untrusted: an iteration never waits for it, and a fill that raises, crashes or hangs is detached.
 Stage actors are named ``hydro-bubbles/<job>/<stage>`` so a placement policy can find them. The stages rendezvous
 on the address of the node Ray placed stage 0 on (loopback when all share one node), so a job spans nodes.
+Registered with energy on (:class:`~hydro.tune.pipeline.stage_energy.StageEnergy`), a stage either stays a bubble
+slot or follows a Perseus clock plan on its device, whichever its measured slack is worth more to.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 
 import ray
@@ -24,14 +28,19 @@ from hydro.bubbles.host import DedicatedHost, GatedHost, SlotMode
 from hydro.pipeline.schedule import one_f_one_b
 from hydro.pipeline.stage import PipelineSpec, PipelineStage
 from hydro.energy.device import EnergyDevice
+from hydro.pipeline.profiler import blocking_power_w, profile_stage, reference_instructions
 from hydro.trial.plan import TrialPlan
 from hydro.trial.spec import TuneSpec
+from hydro.tune.pipeline import stage_energy
+from hydro.tune.pipeline.stage_energy import FillRate, MeasuredStages, StageEnergy
+from schedulers.pipeline_energy import ProfileRow, SlackUse, StageDecision
 
 
 # A Ray worker's __main__ (the script multiprocessing runs again in each fill process) imports Ray, and a Hydro
 # workload's param space is written with Ray Tune: the hosts' fill servers import both once, so fills start
 # without importing them again.
 FILL_PRELOAD = ("ray", "ray.tune")
+BLOCKING_PROBE_S = 0.05  # how long a stage idles to measure its device's blocking power
 
 
 class StageHost(GatedHost):
@@ -45,6 +54,8 @@ class StageHost(GatedHost):
                          preload=FILL_PRELOAD)
         self.spec, self.rank, self.num_stages = spec, stage, num_stages
         self.stage: PipelineStage | None = None  # once connected
+        self.energy_device: EnergyDevice | None = None  # where this stage's clocks change (see profile_clocks)
+        self.clock_plan: list[int] | None = None  # MHz per instruction its iterations follow (see follow_clocks)
 
     def node(self) -> tuple[str, int]:
         """This stage's node address (Ray's) and a free port on it (for the rendezvous of stage 0)."""
@@ -81,9 +92,10 @@ class StageHost(GatedHost):
         fill_steps, fill_compute = (fill.completed_steps, fill.compute_s) if fill is not None else (0, 0.0)
         started = time.time()
         losses = []
-        for _ in range(iterations):
-            losses.append(self.stage.run_iteration())
-            self.check_fill()
+        with self._clocks():
+            for _ in range(iterations):
+                losses.append(self.stage.run_iteration())
+                self.check_fill()
         report = {"stage": self.stage.stage, "losses": losses, "wall_s": time.time() - started,
                   "ops": [asdict(i) for i in self.stage.timeline],
                   "bubbles": [{**asdict(b), "length": b.length} for b in self.recorder.bubbles],
@@ -96,6 +108,32 @@ class StageHost(GatedHost):
                 with self.fill_lock:
                     report["fill_activity"] = [a for a in fill.activity() if a[0] >= started]
         return report
+
+    def _clocks(self):
+        """The clock plan this stage follows (restored to the default clock after), or nothing."""
+        if self.clock_plan is None:
+            return contextlib.nullcontext()
+        return self.stage.planned_clocks(self.clock_plan, self.energy_device)
+
+    def profile_clocks(self, device: Callable[[int], EnergyDevice], repeats: int = 3) -> tuple[list[ProfileRow], float]:
+        """Perseus's rows of this stage's forward and backward (one microbatch of the reference pipeline) on the
+        device ``device(stage)`` makes here (kept for :meth:`follow_clocks`), and its power (W) while it blocks."""
+        os.sched_setaffinity(0, self.cpus)
+        self.energy_device = device(self.rank)
+        runs = reference_instructions(self.spec, self.rank, self.num_stages, self.stage.device)
+        rows = profile_stage(self.rank, runs, self.energy_device, repeats=repeats)
+        return rows, blocking_power_w(self.energy_device, lambda: (time.sleep(BLOCKING_PROBE_S), BLOCKING_PROBE_S)[1])
+
+    def follow_clocks(self, frequencies: list[int] | None) -> None:
+        """From the next :meth:`run` on, run every iteration at ``frequencies`` (MHz per instruction, schedule order;
+        ``None``: the default clock) on the device of :meth:`profile_clocks`."""
+        if frequencies is not None and self.energy_device is None:
+            raise RuntimeError(f"pipeline_job: stage {self.rank} has no energy device; profile_clocks first.")
+        self.clock_plan = None if frequencies is None else list(frequencies)
+
+    def clock_history(self) -> list[int | str]:
+        """The clocks set on this stage's energy device (MHz, or ``"reset"``), as far as the device records them."""
+        return list(getattr(self.energy_device, "clock_history", []))
 
     def iteration(self) -> int:
         """Iterations this stage has run."""
@@ -183,14 +221,75 @@ class PipelineJob:
         ray.get([s.connect.remote(address) for s in self.stages])
         self.service = None
 
-    def register(self, service, iterations: int = 3) -> None:
+    def register(self, service, iterations: int = 3, energy: StageEnergy | None = None,
+                 measured: MeasuredStages | None = None) -> list[StageDecision] | None:
         """Offer the stages to the placement ``service`` as bubble slots ``<job>/<stage>``: each stage's bubble
-        fraction measured over ``iterations`` and the memory it can spare."""
-        reports = self.run(iterations)
-        fractions = [sum(b["length"] for b in r["bubbles"]) / r["wall_s"] for r in reports]
+        fraction measured over ``iterations`` and the memory it can spare. With ``energy``, only the stages whose
+        bubbles are worth more to fill trials than the clock plan's saving are offered; the others follow the plan's
+        clocks from the next :meth:`run` on (see :mod:`hydro.tune.pipeline.stage_energy`); decided on ``measured``
+        (default: :meth:`measure_stages` now); returns the decisions, which the service keeps with their reasons."""
+        if energy is None:
+            reports = self.run(iterations)
+            fractions = [sum(b["length"] for b in r["bubbles"]) / r["wall_s"] for r in reports]
+            budgets = ray.get([s.fill_budget.remote() for s in self.stages])
+            ray.get(service.register_pipeline.remote(self.name, fractions, budgets, self.actor_names))
+            self.service = service
+            return None
+        measured = measured if measured is not None else self.measure_stages(energy, iterations)
+        decisions = stage_energy.decide(measured, self.spec.microbatches, energy)
         budgets = ray.get([s.fill_budget.remote() for s in self.stages])
-        ray.get(service.register_pipeline.remote(self.name, fractions, budgets, self.actor_names))
+        for d in decisions:
+            if d.use is SlackUse.TRIALS:
+                ray.get(service.register_stage.remote(self.name, d.stage, measured.bubble_fractions[d.stage],
+                                                      budgets[d.stage], self.actor_names[d.stage]))
+            else:
+                ray.get(self.stages[d.stage].follow_clocks.remote(list(d.frequencies_mhz)))
+        ray.get(service.record_decisions.remote(self.name, [stage_energy.record(d) for d in decisions]))
         self.service = service
+        return decisions
+
+    def measure_stages(self, energy: StageEnergy, iterations: int = 3) -> MeasuredStages:
+        """Each stage's bubbles over ``iterations`` and its clocks' profile on ``energy.device(stage)`` (what
+        :meth:`register` decides on)."""
+        reports = self.run(iterations)
+        profiles = ray.get([s.profile_clocks.remote(energy.device, energy.repeats) for s in self.stages])
+        return MeasuredStages(tuple(profiles),
+                              tuple(sum(b["length"] for b in r["bubbles"]) / iterations for r in reports),
+                              tuple(sum(b["length"] for b in r["bubbles"]) / r["wall_s"] for r in reports))
+
+    def measure_fill(self, stage: int, spec: TuneSpec, plan: TrialPlan, iterations: int = 6, measured_runs: int = 3,
+                     rounds: int = 400) -> FillRate:
+        """What a fused trial of ``spec``'s ``plan`` makes of ``stage``'s bubbles: started there, measured over
+        ``measured_runs`` runs of ``iterations`` once it has trained a step (its start-up left out; its members go
+        on at every epoch's end, waiting for that decision as a tuning run's fills do), then detached.
+
+        Raises:
+            RuntimeError: the fill failed, or trained no step in ``rounds`` runs of ``iterations``.
+        """
+        members = self.attach_fill(stage, spec, plan)
+        try:
+            steps = compute_s = bubble_s = 0.0
+            measured = 0
+            for _ in range(rounds):
+                report = self.run(iterations)[stage]
+                if "fill_steps" not in report:
+                    raise RuntimeError(f"pipeline_job: the measuring fill on stage {stage} failed: "
+                                       f"{self.fill_status(stage)}")
+                status = self.fill_status(stage)
+                if status is not None and status.get("result") is not None:  # an epoch ended: its members go on
+                    ray.get(self.stages[stage].fill_decide.remote(members))
+                if measured or report["fill_steps"] > 0:
+                    measured += 1
+                    if measured > 1:  # the run of its first step holds its start-up
+                        steps += report["fill_steps"] * report["fill_members"]
+                        compute_s += report["fill_compute_s"]
+                        bubble_s += sum(b["length"] for b in report["bubbles"])
+                    if measured > measured_runs:
+                        return FillRate(steps / bubble_s, min(compute_s / bubble_s, 1.0))
+            raise RuntimeError(f"pipeline_job: the measuring fill on stage {stage} trained no step in "
+                               f"{rounds * iterations} iterations")
+        finally:
+            self.detach_fill(stage)
 
     def profile(self, iterations: int = 2) -> list[tuple[float, float]]:
         return ray.get([s.profile.remote(iterations) for s in self.stages])
