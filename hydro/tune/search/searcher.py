@@ -50,7 +50,7 @@ from schedulers.trial_slots import trial_slots, whole_round_counts
 
 logger = logging.getLogger(__name__)
 
-_SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale", "slots"}  # not in **transfer
+_SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale", "slots", "epochs"}  # not in **transfer
 
 
 @dataclass
@@ -216,7 +216,7 @@ class HydroSearcher(Searcher):
         search = trial.stage is Stage.SEARCH
         plan = TrialPlan(TrialKind.SURROGATE, trial.members, trial.scale, mup=not search or trial.scale > 1,
                          decisions=self._service_name() if search else None,
-                         reports_objective=trial.reports_objective, final_score_only=not search, cpus=trial.cpus)
+                         reports_objective=trial.reports_objective, final_score_only=not search, halving=trial.halving, cpus=trial.cpus)
         return {**_unset(self.state.space), **plan.to_config()}
 
     def _lost(self, trial_id: str, config: dict | None, error: bool) -> bool:
