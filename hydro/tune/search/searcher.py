@@ -193,7 +193,12 @@ class HydroSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict | None:
         if not self._scheduler_checked:  # before the first trial
-            refuse_trial_scheduler((tune_run_locals() or {}).get("scheduler"))
+            run = tune_run_locals()
+            refuse_trial_scheduler((run or {}).get("scheduler"))
+            if run is not None and self._learn_resources and not self.state.trial_request:
+                # Tune calls set_search_properties only with a param_space: an inner searcher holding its own
+                # space leaves it uncalled, and the search would not know the trial slots it can fill
+                self.state.trial_request = _trainable_request(run, self.scale)
             self._scheduler_checked = True
         self._ensure_service()
         config = self._next_trial(trial_id)
