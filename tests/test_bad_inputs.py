@@ -497,6 +497,11 @@ CASES = [
          WorkloadError, "TuneSpec.group_by misses 'p'"),
     case("load-model-run-directory-without-a-model", lambda: hydro.tune.load_model("no_such_run"),  # fixed
          ValueError, "hydro.tune.load_model: no_such_run holds no trained full-size model (hydro_model.pt)"),
+    # rung halving
+    case("transfer-halving-string", lambda: searcher(halving="yes"), ValueError,
+         "halving must be True or False, got 'yes'"),
+    case("transfer-epochs-set-by-the-searcher", lambda: searcher(epochs=4), TypeError,
+         "unknown transfer option(s) ['epochs']"),
 ]
 
 
