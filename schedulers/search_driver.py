@@ -375,17 +375,20 @@ class SearchDriver:
 
     def _rung_seconds(self, members: int, scale: int) -> float | None:
         """Estimated seconds of training of ``members`` members at ``scale`` fused in one trial, from the finished
-        trials at the finest scale so far whose members all trained every epoch (early-stopped members would
-        leave each epoch's fixed cost to fewer member-epochs): their seconds per member-epoch, times (their
-        scale / ``scale``)² (a layer's cost grows with the square of its width); ``None``: no such trial yet."""
+        trials at the finest scale so far whose members all finished without an error: their seconds per
+        member-epoch trained (members stopped early count the epochs they trained; each epoch's fixed cost then
+        falls on fewer member-epochs, an overestimate that favours spreading a rung), times (their scale /
+        ``scale``)² (a layer's cost grows with the square of its width); ``None``: no such trial yet."""
         ledger, measured = self.state.ledger, {}
         for trial, seconds in self.state.trial_seconds.items():
             ids = ledger.trials.get(trial, [])
-            if not ids or any(m in ledger.failed or (ledger.finished.get(m) or {}).get("epoch") != self.epochs
-                              for m in ids):
+            if not ids or any(m in ledger.failed or m not in ledger.finished for m in ids):
+                continue
+            epochs = sum(int((ledger.finished[m] or {}).get("epoch", 0)) for m in ids)
+            if not epochs:
                 continue
             total = measured.setdefault(MemberId.parse(ids[0]).scale_or(self.policy.scale), [0.0, 0])
-            total[0], total[1] = total[0] + seconds, total[1] + len(ids) * self.epochs
+            total[0], total[1] = total[0] + seconds, total[1] + epochs
         if not measured:
             return None
         finest = min(measured)
