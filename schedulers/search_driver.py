@@ -19,6 +19,7 @@ from typing import Protocol
 from schedulers.member_id import MemberId
 from schedulers.member_ledger import EventKind, MemberEvent, MemberLedger
 from schedulers.member_pool import Member, MemberPool, Suggestion
+from schedulers.rung_halving import RungHalving
 from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
 from schedulers.trial_slots import TRIAL_OVERHEAD_S, rung_trials, split_evenly
 
@@ -41,7 +42,8 @@ class StageTrial:
     config)]`` of a target (a full-size trial of that search member's configuration); ``scale``: their width
     divisor; ``cpus``: CPUs the trial trains with when a stage leaves trial slots idle (``None``: the trainable's
     request); ``reports_objective``: whether the trial-level objective is the best member's (search trials of a
-    run without targets); ``source``: a target's provenance (``member``, its surrogate score, ``scores`` per
+    run without targets); ``halving``: which members of a rung trial stop at its milestone epochs (``None``: all
+    train to the end); ``source``: a target's provenance (``member``, its surrogate score, ``scores`` per
     scale)."""
 
     stage: Stage
@@ -50,6 +52,7 @@ class StageTrial:
     cpus: int | None = None
     reports_objective: bool = False
     source: dict = field(default_factory=dict)
+    halving: RungHalving | None = None
 
     @property
     def is_target(self) -> bool:
@@ -124,6 +127,7 @@ class SearchDriver:
     def __init__(self, policy: TransferPolicy, pool: MemberPool, metric: str, epochs: int,
                  group_key: Callable[[dict], Hashable], log: logging.Logger | None = None) -> None:
         self.policy, self.metric, self.epochs, self.group_key = policy, metric, epochs, group_key
+        self.policy = dataclasses.replace(policy, epochs=epochs)
         self.log = log or logging.getLogger(__name__)
         self.state = DriverState(pool)
 
@@ -261,7 +265,7 @@ class SearchDriver:
             state.widened.add(trial_id)
         if stage is Stage.RUNG:
             state.ledger.add_trial(trial_id, [m for m, _ in group])
-            return StageTrial(stage, group, current.rung.scale, current.cpus)
+            return StageTrial(stage, group, current.rung.scale, current.cpus, halving=self._halving(current, len(group)))
         ((config_id, config),) = group
         state.targets[trial_id] = config_id
         state.started = not current.waiting and self.policy.final(state.stages)
@@ -283,8 +287,8 @@ class SearchDriver:
             else:
                 if any(m not in state.ledger.finished for m in current.members):
                     return
-                state.stages.append(scores_of((MemberId.parse(m).config, self._final_value(m))
-                                              for m in current.members))
+                state.stages.append(scores_of(((MemberId.parse(m).config, self._final_value(m))
+                                               for m in current.members), self._reached(current.members)))
         rung = self.policy.next_rung(state.stages)
         if rung is None:
             state.current = None
@@ -318,6 +322,23 @@ class SearchDriver:
         else:
             self.log.info("width ladder: training %d configurations at S=%d%s%s", len(configs), rung.scale, seeds,
                           trials)
+
+    def _halving(self, run: StageRun, members: int) -> RungHalving | None:
+        """The halving of a trial of ``members`` of the rung ``run``: its share of the rung's survivors train to the
+        end (rounded up); ``None`` when the rung does not halve."""
+        survivors = run.rung.survivors
+        if not survivors:
+            return None
+        return RungHalving.plan(members, -(-survivors * members // len(run.members)), self.epochs, self.policy.eta)
+
+    def _reached(self, members: list[str]) -> dict[str, int]:
+        """The epoch each finished rung member's configuration was last measured after (its furthest seed)."""
+        reached: dict[str, int] = {}
+        for member in members:
+            epoch = (self.state.ledger.finished.get(member) or {}).get("epoch", 0)
+            config = MemberId.parse(member).config
+            reached[config] = max(reached.get(config, 0), int(epoch) if math.isfinite(epoch) else 0)
+        return reached
 
     def _finish(self) -> None:
         state, policy = self.state, self.policy
@@ -354,17 +375,20 @@ class SearchDriver:
 
     def _rung_seconds(self, members: int, scale: int) -> float | None:
         """Estimated seconds of training of ``members`` members at ``scale`` fused in one trial, from the finished
-        trials at the finest scale so far whose members all trained every epoch (early-stopped members would
-        leave each epoch's fixed cost to fewer member-epochs): their seconds per member-epoch, times (their
-        scale / ``scale``)² (a layer's cost grows with the square of its width); ``None``: no such trial yet."""
+        trials at the finest scale so far whose members all finished without an error: their seconds per
+        member-epoch trained (members stopped early count the epochs they trained; each epoch's fixed cost then
+        falls on fewer member-epochs, an overestimate that favours spreading a rung), times (their scale /
+        ``scale``)² (a layer's cost grows with the square of its width); ``None``: no such trial yet."""
         ledger, measured = self.state.ledger, {}
         for trial, seconds in self.state.trial_seconds.items():
             ids = ledger.trials.get(trial, [])
-            if not ids or any(m in ledger.failed or (ledger.finished.get(m) or {}).get("epoch") != self.epochs
-                              for m in ids):
+            if not ids or any(m in ledger.failed or m not in ledger.finished for m in ids):
+                continue
+            epochs = sum(int((ledger.finished[m] or {}).get("epoch", 0)) for m in ids)
+            if not epochs:
                 continue
             total = measured.setdefault(MemberId.parse(ids[0]).scale_or(self.policy.scale), [0.0, 0])
-            total[0], total[1] = total[0] + seconds, total[1] + len(ids) * self.epochs
+            total[0], total[1] = total[0] + seconds, total[1] + epochs
         if not measured:
             return None
         finest = min(measured)

@@ -20,6 +20,10 @@ different validation optimum and single-seed scores are noisy. Remedies, all dec
   regresses, every configuration is ranked again at S/2 (those not trained there yet train at S/2, once) and the
   ladder goes on from that ranking, down to new full-size targets: a surrogate scale too coarse for the workload
   is replaced by the next finer one;
+- *rung halving*: a ladder rung need not train all its configurations to the end: inside each of its trials,
+  successive halving over epochs (:class:`~schedulers.rung_halving.RungHalving`) stops all but the ones the next
+  stage needs (``survivors``) at milestone epochs; those that stopped rank below those that went on
+  (:attr:`Score.reached`);
 - *fallback targets*: when the target still regresses, the next ``fallback_targets`` configurations in ladder
   order (the finest surrogate scale's ranking, then the next coarser scale's for the ones it did not reach, ...)
   train at full size too, once, and the best full-size one on validation is returned.
@@ -37,45 +41,51 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import Enum
 
+from schedulers.rung_halving import fraction as halving_fraction
+
 FULL_SIZE = 1
 # The finest S/2 an escalation ranks every configuration at: that costs (2/S)² of a full-size search of them (1/16
 # at S=8, 1/4 at S=4; docs/design/transfer.md).
 MIN_ESCALATION_SCALE = 4
 # The TransferPolicy options that shape the stages after a shrunk search (``seeds`` repeats the search's members too).
-STAGE_OPTIONS = ("ladder", "eta", "top_k", "min_agreement", "max_target_drop", "escalate", "disagreement", "probes",
+STAGE_OPTIONS = ("ladder", "halving", "eta", "top_k", "min_agreement", "max_target_drop", "escalate", "disagreement", "probes",
                  "probe_margin", "fallback_targets")
 
 
 @dataclass(frozen=True)
 class Score:
     """A configuration's score at one scale: ``mean`` of its seeds' finite final values, ``spread`` their
-    sample standard deviation (0 for one seed), ``count`` the seeds it averages."""
+    sample standard deviation (0 for one seed), ``count`` the seeds it averages; ``reached``: the epoch they were
+    measured after (0: not recorded; the rungs record it, as their halving stops members at different epochs). At
+    one scale a higher ``reached`` ranks first."""
 
     mean: float
     spread: float
     count: int
+    reached: int = 0
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> Score | None:
-        """The score of one configuration's seed values (non-finite ones ignored); ``None`` if none is finite."""
+    def of(cls, values: Iterable[float], reached: int = 0) -> Score | None:
+        """The score of one configuration's seed values (non-finite ones ignored) measured after epoch
+        ``reached``; ``None`` if none is finite."""
         finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
         if not finite:
             return None
         mean = sum(finite) / len(finite)
         spread = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)) if len(finite) > 1 else 0.0
-        return cls(mean, spread, len(finite))
+        return cls(mean, spread, len(finite), reached)
 
     def __str__(self) -> str:
         return f"{self.mean:.4g} ± {self.spread:.2g} (n={self.count})" if self.count > 1 else f"{self.mean:.4g}"
 
 
-def scores_of(values: Iterable[tuple[str, float]]) -> dict[str, Score]:
-    """Scores of ``(config id, final value)`` pairs, one per seed, grouped by config (first-seen order);
-    configurations without a finite value are left out."""
+def scores_of(values: Iterable[tuple[str, float]], reached: Mapping[str, int] | None = None) -> dict[str, Score]:
+    """Scores of ``(config id, final value)`` pairs, one per seed, grouped by config (first-seen order), each
+    measured after epoch ``reached[config]`` (default 0); configurations without a finite value are left out."""
     grouped: dict[str, list[float]] = {}
     for config, value in values:
         grouped.setdefault(config, []).append(value)
-    return {c: score for c, v in grouped.items() if (score := Score.of(v)) is not None}
+    return {c: score for c, v in grouped.items() if (score := Score.of(v, (reached or {}).get(c, 0))) is not None}
 
 
 Stages = Sequence[Mapping[str, Score]]  # config id -> score of each finished stage, the search's first
@@ -109,7 +119,8 @@ class RungKind(Enum):
 
 @dataclass(frozen=True)
 class Rung:
-    """A stage to train: ``configs`` (ids, best first) at width ÷ ``scale``, each ``seeds`` times. ``kind``:
+    """A stage to train: ``configs`` (ids, best first) at width ÷ ``scale``, each ``seeds`` times; ``survivors``:
+    with rung halving, the configurations the stage must train to the end (0: all of them). ``kind``:
     :attr:`RungKind.LADDER` (a planned stage: ladder rung or full-size targets, also after an escalation),
     :attr:`RungKind.ESCALATION` (the configurations not yet trained at S/2, to rank all of them there) or
     :attr:`RungKind.FALLBACK` (fallback targets); ``why``: what caused an escalation or fallback, for the log."""
@@ -119,6 +130,7 @@ class Rung:
     seeds: int
     kind: RungKind = RungKind.LADDER
     why: str = ""
+    survivors: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,9 +174,9 @@ def rho_upper_bound(rho: float, n: int) -> float:
     return math.tanh(math.atanh(clipped) + ONE_SIDED_95 * error)
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman rank correlation of paired values (ties get average ranks); NaN if fewer than 2 pairs or a
-    side is constant."""
+def spearman(a: Sequence, b: Sequence) -> float:
+    """Spearman rank correlation of paired values (any ordered values: numbers, or tuples compared in order; ties
+    get average ranks); NaN if fewer than 2 pairs or a side is constant."""
     if len(a) != len(b):
         raise ValueError(f"spearman: {len(a)} values against {len(b)}")
     ra, rb = _ranks(a), _ranks(b)
@@ -177,7 +189,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return cov / var if var > 0 else math.nan
 
 
-def _ranks(values: Sequence[float]) -> list[float]:
+def _ranks(values: Sequence) -> list[float]:
     order = sorted(range(len(values)), key=lambda i: values[i])
     ranks = [0.0] * len(values)
     i = 0
@@ -205,6 +217,9 @@ class TransferPolicy:
         scale: the search's surrogate width divisor S (1: full size).
         ladder: train the best ``1/eta`` again at S/2, S/4, ... (scales above 1) before full size; ``False``: the
             search's best configurations go to full size directly.
+        halving: successive halving over epochs inside each ladder rung's trials, by ``eta``, down to the
+            configurations the next stage trains (the first rung: one more, to measure a probe's lead); only with
+            one seed and ``epochs`` enough for a milestone (``epochs // eta >= 1``); escalations train in full.
         eta: each rung keeps the best ``1/eta`` of the configurations before it (int >= 2).
         top_k: configurations trained at full size; the best on validation is returned (int >= 1).
         seeds: trainings of each configuration in the surrogate stages; its score is their mean (int >= 1).
@@ -224,6 +239,7 @@ class TransferPolicy:
         slots: trials of a rung that train at once where a trial's time grows with its members (CPU trials; set by
             the searcher); a rung leaves out the configurations of a last round of the slots that would be at most
             half full, unless it would then keep no more than ``top_k`` (int >= 1).
+        epochs: the epochs a member trains (set by the searcher; rung halving's milestones are fractions of it).
 
     With ``scale`` 1 there is nothing to transfer: the one stage re-trains the best configuration at full size,
     with no regression check.
@@ -241,6 +257,7 @@ class TransferPolicy:
     mode: str
     scale: int = 1
     ladder: bool = True
+    halving: bool = True
     eta: int = 3
     top_k: int = 1
     seeds: int = 1
@@ -252,12 +269,13 @@ class TransferPolicy:
     probe_margin: float = 0.01
     fallback_targets: int = 2
     slots: int = 1
+    epochs: int = 1
 
     def __post_init__(self) -> None:
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ValueError(f"transfer_fraction must be in (0, 1] or None, got {self.fraction}")
         for name, low in (("scale", 1), ("top_k", 1), ("seeds", 1), ("eta", 2), ("fallback_targets", 0), ("probes", 0),
-                          ("slots", 1)):
+                          ("slots", 1), ("epochs", 1)):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < low:
                 raise ValueError(f"TransferPolicy: {name} must be an int >= {low}, got {getattr(self, name)!r}")
         for name in ("max_target_drop", "probe_margin"):
@@ -266,7 +284,7 @@ class TransferPolicy:
                 raise ValueError(f"TransferPolicy: {name} must be >= 0, got {value!r}")
         if self.mode not in ("min", "max"):
             raise ValueError(f"TransferPolicy: mode must be 'min' or 'max', got {self.mode!r}")
-        for name in ("ladder", "escalate"):
+        for name in ("ladder", "halving", "escalate"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransferPolicy: {name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.disagreement, Disagreement):
@@ -375,9 +393,28 @@ class TransferPolicy:
 
     def cost(self, candidates: int) -> float:
         """Estimated cost of the planned stages after the search in full-size trainings, taking a member's compute
-        as proportional to width² (dense layers): the sum over stages of configurations × seeds ÷ scale²; an
+        as proportional to width² (dense layers): the sum over stages of configurations × seeds ÷ scale², times the
+        share of their member-epochs a rung's halving trains (:func:`~schedulers.rung_halving.fraction`); an
         escalation and the fallback targets, if they train, add :meth:`escalation_cost` and one each."""
-        return _cost(self.schedule(candidates))
+        return self._stages_cost(self.schedule(candidates), self.probing())
+
+    def _stages_cost(self, stages: Sequence[tuple[int, int, int]], probing: bool) -> float:
+        """Full-size trainings of planned ``stages`` (``probing``: the first is the first rung, with probes)."""
+        total = 0.0
+        for i, (scale, count, seeds) in enumerate(stages):
+            survivors = self.survivors(stages, i, probing)
+            share = halving_fraction(count, survivors, self.epochs, self.eta) if survivors else 1.0
+            total += count * seeds / scale ** 2 * share
+        return total
+
+    def survivors(self, stages: Sequence[tuple[int, int, int]], i: int, probing: bool) -> int:
+        """How many configurations of planned stage ``i`` of ``stages`` must train to the end with rung halving:
+        those the next stage trains (one more for the first rung, ``probing``, so that a probe's lead over the best
+        one left out is measured at the same epoch); 0: the stage does not halve."""
+        scale, _, seeds = stages[i]
+        if not self.halving or seeds > 1 or scale == FULL_SIZE or self.epochs // self.eta < 1 or i + 1 >= len(stages):
+            return 0
+        return stages[i + 1][1] + (1 if i == 0 and probing else 0)
 
     def escalation_cost(self, candidates: int) -> float:
         """The most an escalation adds (0 if it cannot happen): the configurations not in the first rung at S/2,
@@ -387,7 +424,8 @@ class TransferPolicy:
             return 0.0
         first = self.schedule(candidates)[0]
         trained = first[1] if first[0] == self.scale // 2 else 0
-        return _cost([(self.scale // 2, candidates - trained, self.seeds), *self._plan(self.scale // 2, candidates)])
+        escalation = (candidates - trained) * self.seeds / (self.scale // 2) ** 2  # trains in full
+        return escalation + self._stages_cost(self._plan(self.scale // 2, candidates), False)
 
     def describe(self, candidates: int) -> str:
         """The stages after the search and their cost, the most an escalation and the fallback targets can add
@@ -396,6 +434,8 @@ class TransferPolicy:
         stages = ", ".join(f"{count}" + (f"×{seeds} seeds" if seeds > 1 else "")
                            + (" at full size" if scale == FULL_SIZE else f" at S={scale}")
                            + (f" ({probes} of them probes from below the cut)" if i == 0 and probes else "")
+                           + (f", all but {survivors} stopped early" if (survivors := min(count, self.survivors(
+                               planned, i, self.probing()))) and survivors < count else "")
                            for i, (scale, count, seeds) in enumerate(planned))
         cost, escalation, fallbacks = self.cost(candidates), self.escalation_cost(candidates), self.fallbacks(candidates)
         text = f"{stages}: about {cost:.2f} full-size trainings (compute ∝ width²)"
@@ -437,14 +477,16 @@ class TransferPolicy:
         def at(scale: int) -> Mapping[str, Score]:  # the search's scores at S (S=1: apart from the targets')
             return stages[0] if scale == self.scale else merged.get(scale, {})
 
-        previous = base
-        for scale, count, seeds in self._plan(base, len(at(base))):
+        previous, plan = base, self._plan(base, len(at(base)))
+        for i, (scale, count, seeds) in enumerate(plan):
             ranked = self.ranking(at(previous))
             probes = self._probes(ranked) if previous == self.scale else []  # the first rung's (after the search)
             new = [c for c in [*ranked[:count - len(probes)], *probes] if c not in tried.get(scale, ())]
             if new:  # past the first rung (S/2), unless its ranking disagreed with the search's
                 past_first = not escalated and scale < self.scale // 2
-                return (past_first and self._disagreement(stages, at(self.scale // 2), tried)) or Rung(scale, new, seeds)
+                rung = Rung(scale, new, seeds, survivors=min(len(new), self.survivors(plan, i, base == self.scale
+                                                                                      and self.probing())))
+                return (past_first and self._disagreement(stages, at(self.scale // 2), tried)) or rung
             previous = scale
         scales = self._by_scale(stages, rungs)
         regression = self._regression(scales)
@@ -475,9 +517,8 @@ class TransferPolicy:
             if not disagrees and self.probing():  # a probe that S/2 promotes
                 cut, keep = (count for _, count, _ in self._ladder(self.scale, len(stages[0]))[:2])
                 at_s, at_half = self.ranking(stages[0]), self.ranking(first)
-                left_out = first[at_half[keep]].mean if keep < len(at_half) else None  # S/2's best not kept
-                leads = {c: self._lead(first[c].mean, left_out) for c in self._probes(at_s)
-                         if c in at_half[:keep] and left_out is not None}
+                leads = {c: self._lead(first[c].mean, left_out) for c in self._probes(at_s) if c in at_half[:keep]
+                         and (left_out := self._best_left_out(first, at_half[keep:], first[c].reached)) is not None}
                 promoted = [c for c, lead in leads.items() if lead > self.probe_margin]
                 disagrees = bool(promoted)
                 why = (f"the cut at S={self.scale} dropped what S={self.scale // 2} promotes: " + "; ".join(
@@ -485,6 +526,12 @@ class TransferPolicy:
                     f"at S={self.scale // 2} (kept: {keep}), {100 * leads[c]:.1f}% ahead of the best left out"
                     for c in promoted))
         return self._escalation(stages, tried, why) if disagrees else None
+
+    @staticmethod
+    def _best_left_out(scores: Mapping[str, Score], left_out: Sequence[str], reached: int) -> float | None:
+        """The mean of the first of ``left_out`` (ranked, best first) measured after epoch ``reached`` (a halving
+        rung stops most of them earlier: they compare with a probe only where both were measured), or ``None``."""
+        return next((scores[c].mean for c in left_out if scores[c].reached == reached), None)
 
     def _escalation(self, stages: Stages, tried: Mapping[int, set[str]], why: str) -> Rung | None:
         """The configurations of the search not yet trained at S/2, to train there (``None`` if there is none)."""
@@ -531,9 +578,14 @@ class TransferPolicy:
         return order
 
     def ranking(self, scores: Mapping[str, Score]) -> list[str]:
-        """Config ids by mean score, best first (ties keep their order)."""
-        sign = -1.0 if self.mode == "max" else 1.0
-        return sorted(scores, key=lambda c: sign * scores[c].mean)
+        """Config ids best first: by the epoch their score was measured after (furthest first: a halving rung's
+        members that went on were ahead of those it stopped where they were last together), then by mean score
+        (ties keep their order)."""
+        return sorted(scores, key=lambda c: self._key(scores[c]))
+
+    def _key(self, score: Score) -> tuple[int, float]:
+        """Sort key of a score, best first."""
+        return -score.reached, (-score.mean if self.mode == "max" else score.mean)
 
     def by_scale(self, stages: Stages) -> list[tuple[int, dict[str, Score]]]:
         """The scores at each scale trained so far, coarse to fine: the search's, then the later stages' merged by
@@ -561,7 +613,8 @@ class TransferPolicy:
     def _check(self, coarse: int, a: Mapping[str, Score], fine: int, b: Mapping[str, Score]) -> TransferCheck:
         """The transfer check of the configurations scored both at ``coarse`` (``a``) and at ``fine`` (``b``)."""
         common = [c for c in b if c in a]
-        rho = spearman([a[c].mean for c in common], [b[c].mean for c in common]) if len(common) >= 3 else math.nan
+        rho = spearman([self._key(a[c]) for c in common], [self._key(b[c]) for c in common]) \
+            if len(common) >= 3 else math.nan
         upper = rho_upper_bound(rho, len(common))
         return TransferCheck(coarse, fine, len(common), rho, upper, math.isfinite(upper) and upper < self.min_agreement)
 
@@ -590,11 +643,6 @@ class TransferPolicy:
     def trail(self, stages: Stages, config: str) -> list[tuple[int, Score]]:
         """``config``'s score at each scale it was trained at, coarse to fine."""
         return [(scale, scores[config]) for scale, scores in self.by_scale(stages) if config in scores]
-
-
-def _cost(stages: Iterable[tuple[int, int, int]]) -> float:
-    """Full-size trainings that ``(scale, configurations, seeds)`` stages cost, compute ∝ width²."""
-    return sum(count * seeds / scale ** 2 for scale, count, seeds in stages)
 
 
 def _shown(value: object) -> str:

@@ -509,6 +509,11 @@ CASES = [
          "FillRate(10.0, 1.5) needs member-steps per bubble second >= 0 and a compute share in [0, 1]"),
     case("fill-value-negative-worth", lambda: FillValue(10.0, 0.5, -1.0, 300.0), ValueError,
          "FillValue.joules_per_member_step=-1.0 must be a measured value >= 0"),
+    # rung halving
+    case("transfer-halving-string", lambda: searcher(halving="yes"), ValueError,
+         "halving must be True or False, got 'yes'"),
+    case("transfer-epochs-set-by-the-searcher", lambda: searcher(epochs=4), TypeError,
+         "unknown transfer option(s) ['epochs']"),
 ]
 
 

@@ -134,3 +134,23 @@ def test_a_report_of_a_skipped_epoch_keeps_the_training_loss(monkeypatch, evalua
         assert all(math.isnan(loss) for loss in losses)
     else:
         assert losses == [0.5, pytest.approx(0.7)]
+
+
+def test_a_halving_rung_trial_stops_its_members_at_the_milestone_inside_the_trial(monkeypatch):
+    from hydro.tune.search import session as session_module
+    from schedulers.rung_halving import RungHalving
+    reports = []
+    monkeypatch.setattr(session_module.tune, "report", lambda result, checkpoint=None: reports.append(result))
+    members = [(m, {"lr": 0.1}) for m in ("a@4", "b@4", "c@4")]
+    plan = TrialPlan(TrialKind.SURROGATE, members, scale=4, mup=True, final_score_only=True,
+                     halving=RungHalving((2,), (1,)))
+    session = session_module.MemberSession(plan.to_config(), "val_loss", "min")
+    unread = {TRAIN_LOSS: torch.tensor([0.5, 0.4, 0.6]), VAL_LOSS: torch.full((3,), math.nan)}
+    assert session.step(1, unread, evaluated=False) == [0, 1, 2]  # no milestone: nobody stops on unread scores
+    session.report()
+    read = {TRAIN_LOSS: torch.tensor([0.5, 0.4, 0.6]), VAL_LOSS: torch.tensor([0.3, 0.2, 0.25])}
+    assert session.step(2, read) == [1] and session.member_ids == ["b@4"]  # the lowest val_loss goes on
+    session.report()
+    stopped = reports[-1]["members"]
+    assert stopped["a@4"]["stopped"] and stopped["c@4"]["done"] and not stopped["b@4"]["done"]
+    assert [e for e in range(1, 5) if plan.halving.evaluates(e, 4)] == [2, 4]

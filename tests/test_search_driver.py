@@ -127,3 +127,17 @@ def test_a_lost_trial_renamed_keeps_its_members_and_target():
     trial = d.next_trial("t0", suggest_from([{"lr": i} for i in range(4)]), lambda key, config: 8, cluster)
     d.rename_trial("t0", "t0-again")
     assert d.state.ledger.trials == {"t0-again": [m for m, _ in trial.members]} and d.state.trial_groups == {"t0-again": 0}
+
+
+def test_a_search_whose_members_stopped_early_still_spreads_the_first_rung_over_the_slots():
+    d, cluster = driver(num_samples=8, ladder=True, escalate=False, fallback_targets=0), Cluster(slots=2)
+    trials = [d.next_trial(f"s{i}", suggest_from([{"lr": i} for i in range(8)][4 * i:4 * i + 4]),
+                           lambda key, config: 8, cluster) for i in range(2)]
+    for i, trial in enumerate(trials):  # per-member stopping: most members stopped after their first epoch
+        d.on_result(f"s{i}", {m: {"acc": int(m[1:]) / 10, "epoch": 2 if m.endswith(("3", "7")) else 1, "done": True}
+                              for m, _ in trial.members}, cluster, seconds=400.0)
+    # 800 s over 10 member-epochs at S=4: the rung of 2 at S=2 would train 2 × 2 epochs × 320 s in one slot
+    assert d._rung_seconds(2, 2) == pytest.approx(800 / 10 * 4 * 2 * 2)
+    first = d.next_trial("r0", suggest_from([]), lambda key, config: 8, cluster)
+    second = d.next_trial("r1", suggest_from([]), lambda key, config: 8, cluster)
+    assert first.stage is second.stage is Stage.RUNG and len(first.members) == len(second.members) == 1

@@ -374,6 +374,19 @@ def test_fit_spreads_the_search_over_the_trials_the_cluster_runs_at_once(ray_clu
     assert {(r.metrics["trial_cpus"], r.metrics["trial_gpus"]) for r in results} == {(1.0, 0.0)}
 
 
+def test_a_plain_tuner_without_a_param_space_spreads_the_search_over_the_trial_slots(ray_cluster, tmp_path):
+    workload = spec(epochs=1)
+    configs = [{"lr": 0.01 * (i + 1), "momentum": 0.9} for i in range(4)]  # the inner searcher holds the space
+    searcher = HydroSearcher(workload, Scripted(configs), num_samples=4, fusion=4, transfer_fraction=None)
+    results = tune.Tuner(
+        trainable(workload), tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1),
+        run_config=tune.RunConfig(name="no_space", storage_path=str(tmp_path), verbose=0)).fit()
+    assert not results.errors
+    # no trial_resources and Tune never calls set_search_properties: the trainable's request is learned at the
+    # first suggestion, and the 2-CPU cluster's 2 slots each get a trial of 2
+    assert sorted(len(plan_of(r.config).members) for r in results) == [2, 2]
+
+
 def test_fit_trains_the_lone_target_on_the_cpus_of_both_trial_slots(ray_cluster, tmp_path, monkeypatch):
     import schedulers.search_driver as driver_module
     from hydro.tune.run import fit

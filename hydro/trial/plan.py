@@ -11,6 +11,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from schedulers.rung_halving import RungHalving
+
 HYDRO_KEY = "hydro"
 PLAIN_MEMBER_ID, TARGET_MEMBER_ID = "trial", "target"  # the member id of a plain trial and of the target
 
@@ -29,7 +31,9 @@ class TrialPlan:
     stopping service, if any; ``reports_objective``: whether the trial-level objective is the best member's
     value (False for surrogates of a run with a target: the run's best result is then the target's);
     ``final_score_only``: only the last epoch's validation metrics are read (ladder rungs: no per-member
-    stopping, no inner searcher, no trial-level objective), so earlier epochs skip evaluation;
+    stopping service, no inner searcher, no trial-level objective), so earlier epochs skip evaluation, except the
+    milestones of ``halving``: a rung trial's successive halving over epochs, decided inside the trial (``None``: all
+    its members train every epoch);
     ``cpus``: CPUs the trial trains with (torch threads, in a worker of the trainable's Ray request: idle slots'
     CPUs of the run), ``None``: the trainable's request."""
 
@@ -40,6 +44,7 @@ class TrialPlan:
     decisions: str | None = None
     reports_objective: bool = True
     final_score_only: bool = False
+    halving: RungHalving | None = None
     source: dict = field(default_factory=dict)
     cpus: int | None = None
 

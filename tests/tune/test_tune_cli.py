@@ -130,9 +130,9 @@ def test_transfer_options_default_to_the_policy_and_the_flags_set_them():
     assert policy() == TransferPolicy(1.0, 16, "val_acc", "max", scale=8)  # no flag: the policy's own defaults
     flags = ["--no-ladder", "--eta", "2", "--top-k", "2", "--seeds", "3", "--no-escalate", "--disagreement", "likely",
              "--probes", "1", "--probe-margin", "0.02", "--max-target-drop", "0.005", "--fallback-targets", "0",
-             "--min-agreement", "0.3"]
+             "--min-agreement", "0.3", "--no-halving"]
     assert policy(*flags) == TransferPolicy(
-        1.0, 16, "val_acc", "max", scale=8, ladder=False, eta=2, top_k=2, seeds=3, escalate=False,
+        1.0, 16, "val_acc", "max", scale=8, ladder=False, halving=False, eta=2, top_k=2, seeds=3, escalate=False,
         disagreement=Disagreement.LIKELY, probes=1, probe_margin=0.02, max_target_drop=0.005, fallback_targets=0,
         min_agreement=0.3)
 

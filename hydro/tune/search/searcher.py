@@ -51,7 +51,7 @@ from schedulers.trial_slots import trial_slots, whole_round_counts
 
 logger = logging.getLogger(__name__)
 
-_SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale", "slots"}  # not in **transfer
+_SET_BY_SEARCHER = {"fraction", "num_samples", "metric", "mode", "scale", "slots", "epochs"}  # not in **transfer
 
 
 @dataclass
@@ -200,7 +200,12 @@ class HydroSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict | None:
         if not self._scheduler_checked:  # before the first trial
-            refuse_trial_scheduler((tune_run_locals() or {}).get("scheduler"))
+            run = tune_run_locals()
+            refuse_trial_scheduler((run or {}).get("scheduler"))
+            if run is not None and self._learn_resources and not self.state.trial_request:
+                # Tune calls set_search_properties only with a param_space: an inner searcher holding its own
+                # space leaves it uncalled, and the search would not know the trial slots it can fill
+                self.state.trial_request = _trainable_request(run, self.scale)
             self._scheduler_checked = True
         self._ensure_service()
         config = self._next_trial(trial_id)
@@ -225,7 +230,7 @@ class HydroSearcher(Searcher):
         search = trial.stage is Stage.SEARCH
         plan = TrialPlan(TrialKind.SURROGATE, trial.members, trial.scale, mup=not search or trial.scale > 1,
                          decisions=self._service_name() if search else None,
-                         reports_objective=trial.reports_objective, final_score_only=not search, cpus=trial.cpus)
+                         reports_objective=trial.reports_objective, final_score_only=not search, halving=trial.halving, cpus=trial.cpus)
         return {**_unset(self.state.space), **plan.to_config()}
 
     def _lost(self, trial_id: str, config: dict | None, error: bool) -> bool:

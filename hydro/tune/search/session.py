@@ -33,6 +33,7 @@ from hydro.trial.check import describe
 from hydro.tune.search.member_decisions import lookup_service
 from hydro.trial.plan import TrialKind, TrialPlan, plan_of
 from hydro.trial.spec import TRAIN_LOSS, VAL_LOSS
+from schedulers.member_stopping import score
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,11 @@ class MemberSession:
         self._names = [*metrics, "epoch", "training_iteration"]
         self.epoch = epoch
         objective = {m: r[self.metric] for m, r in results.items()}
-        stop = set(ray.get(self._service.decide.remote(epoch, objective, final))) if self._service else set()
+        if self.plan.halving is not None:  # a rung trial's halving: decided here, from all its live members
+            stop = set() if final else self.plan.halving.stops(
+                epoch, {m: score(v, self.mode) for m, v in objective.items()})
+        else:
+            stop = set(ray.get(self._service.decide.remote(epoch, objective, final))) if self._service else set()
         for member, result in results.items():
             result.update(done=final or member in stop, stopped=member in stop)
         keep = [] if final else [i for i, m in enumerate(self.member_ids) if m not in stop]

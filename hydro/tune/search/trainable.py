@@ -1,7 +1,7 @@
 """The Ray Tune function trainable: trains one trial's members (the fused-trial unit,
 :class:`hydro.trial.unit.FusedTrial`) and reports per-member metrics every epoch (a ladder rung's trial,
-``TrialPlan.final_score_only``, evaluates only its last epoch: its earlier reports hold ``train_loss`` and NaN
-validation metrics).
+``TrialPlan.final_score_only``, evaluates only its last epoch and its halving milestones: its other reports hold
+``train_loss`` and NaN validation metrics).
 
 Surrogate trials (from a ``HydroSearcher``) train their members fused and shrunk; after each epoch the
 run's member-decision service says which members stop, and those are sliced out with their state
@@ -207,7 +207,9 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
              "node_id": ray.get_runtime_context().get_node_id(), **timing}
     checkpoint_s = 0.0
     while trial.epoch < spec.epochs:
+        halving = session.plan.halving
         evaluated = (not session.plan.final_score_only or trial.epoch + 1 == spec.epochs
+                     or (halving is not None and halving.evaluates(trial.epoch + 1, spec.epochs))
                      or trial.evaluation_steers_training)
         metrics = trial.run_epoch(evaluate=evaluated)
         extra.update(max_fusion=trial.max_fusion, data_wait_fraction=trial.data_wait_s / max(trial.train_s, 1e-9),
