@@ -105,11 +105,9 @@ class HydroSearcher(Searcher):
             more often than ``FailureConfig(max_failures)`` allows): the same members and configuration trained
             again from the start, so that no stage goes on without them (``fit`` sets it to its ``max_failures``).
         run_reporter: in a ``tune.Tuner`` run, do what ``fit`` does around its run (``fit`` passes ``False``):
-            before the first trial, refuse a key outside ``TuneSpec.group_by`` that changes the model
-            (:func:`~hydro.trial.check.check_group_by`), and add a :class:`~hydro.tune.search.run_reporter.RunReporter`
-            (member progress in place of Ray's trial reporter; the member table, best configuration and trained
-            model written to the run directory at the end). A non-integer batch size in the param space is
-            refused either way.
+            refuse a key outside ``TuneSpec.group_by`` that changes the model before the first trial, and add a
+            :class:`~hydro.tune.search.run_reporter.RunReporter` (member progress; the member table, best
+            configuration and trained model written to the run directory at the end).
         placement: ``"elastic"``: each trial goes to the GPU type of the cluster's nodes on which it is predicted to
             finish first (:class:`~hydro.tune.placement.trial_placement.TrialPlacement`; its config asks for that
             type); ``None``: Ray's resource request alone.
@@ -125,7 +123,8 @@ class HydroSearcher(Searcher):
         ValueError: a bad ``scale``, ``trial_cpus`` or ``trial_resources``; a transfer option out of range, or one
             other than ``seeds`` set away from its default where it cannot act (``scale`` 1 or
             ``transfer_fraction=None``); a ``scheduler`` whose settings cannot act per member (its own metric,
-            a ``time_attr`` other than epochs, ``MedianStoppingRule(hard_stop=False)``).
+            a ``time_attr`` other than epochs, ``MedianStoppingRule(hard_stop=False)``); a non-integer batch size
+            in the param space.
         TypeError: ``searcher`` is not a Ray ``Searcher``; a ``scheduler`` of another kind; an unknown transfer
             option.
     """
@@ -137,27 +136,11 @@ class HydroSearcher(Searcher):
                  trial_resources: Mapping[str, float] | None = None, lost_trial_retries: int = 1,
                  run_reporter: bool = True, placement: str | None = None, **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
-        if trial_cpus < 1:
-            raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
-        if not (isinstance(lost_trial_retries, int) and lost_trial_retries >= 0):
-            raise ValueError(f"HydroSearcher: lost_trial_retries must be an int >= 0, got {lost_trial_retries!r}")
-        if trial_resources is not None and not (isinstance(trial_resources, Mapping) and all(
-                isinstance(v, (int, float)) and v >= 0 for v in trial_resources.values())):
-            raise ValueError(f"HydroSearcher: trial_resources holds Ray resource amounts >= 0 per trial, e.g. "
-                             f"{{'CPU': 1, 'GPU': 0.5}}; got {trial_resources!r}")
-        if scale != AUTO and not is_count(scale):
-            raise ValueError(f"HydroSearcher: scale must be an int >= 1 (the surrogates' width divisor; 1: full size) "
-                             f"or 'auto' (measured), got {scale!r}")
-        if searcher is not None and not isinstance(searcher, Searcher):
-            raise TypeError(f"HydroSearcher: searcher must be a Ray Tune Searcher (e.g. OptunaSearch()) or None "
-                            f"(random search of the param space), got {type(searcher).__name__}")
-        options = sorted(f.name for f in dataclasses.fields(TransferPolicy) if f.name not in _SET_BY_SEARCHER)
-        unknown = sorted(set(transfer) - set(options))
-        if unknown:
-            raise TypeError(f"HydroSearcher: unknown transfer option(s) {unknown}; the transfer options are {options}")
+        _check_arguments(searcher, scale, trial_cpus, trial_resources, lost_trial_retries, transfer)
         self.spec, self.trial_cpus, self._data, self._auto = spec, trial_cpus, data, scale == AUTO
         self.lost_trial_retries = lost_trial_retries
-        self._planner = None if fusion == "auto" else fusion if isinstance(fusion, FusionPlanner) else FixedFusion(fusion)
+        self._planner = (None if fusion == "auto" else fusion if isinstance(fusion, FusionPlanner)
+                         else FixedFusion(fusion))
         policy = TransferPolicy(transfer_fraction, num_samples, spec.metric, spec.mode, scale=checked_scale(scale),
                                 **transfer)
         self.driver = SearchDriver(policy, MemberPool(num_samples, max_fusion), spec.metric, spec.epochs,
@@ -230,7 +213,8 @@ class HydroSearcher(Searcher):
         search = trial.stage is Stage.SEARCH
         plan = TrialPlan(TrialKind.SURROGATE, trial.members, trial.scale, mup=not search or trial.scale > 1,
                          decisions=self._service_name() if search else None,
-                         reports_objective=trial.reports_objective, final_score_only=not search, halving=trial.halving, cpus=trial.cpus)
+                         reports_objective=trial.reports_objective, final_score_only=not search,
+                         halving=trial.halving, cpus=trial.cpus)
         return {**_unset(self.state.space), **plan.to_config()}
 
     def _lost(self, trial_id: str, config: dict | None, error: bool) -> bool:
@@ -387,6 +371,29 @@ class HydroSearcher(Searcher):
                 pool.max_fusion, pool.num_samples, self.driver.search_share(slots) * seeds), self.trial_cpus,
                 counts=None if counts is None else [count * seeds for count in counts])
         return self._planner.fusion_for(key, config)
+
+
+def _check_arguments(searcher: Searcher | None, scale: int | str, trial_cpus: int,
+                     trial_resources: Mapping[str, float] | None, lost_trial_retries: int, transfer: Mapping) -> None:
+    """Raise ``ValueError``/``TypeError`` for a ``HydroSearcher`` argument it cannot use (see its ``Raises:``)."""
+    if trial_cpus < 1:
+        raise ValueError(f"trial_cpus must be >= 1, got {trial_cpus}")
+    if not (isinstance(lost_trial_retries, int) and lost_trial_retries >= 0):
+        raise ValueError(f"HydroSearcher: lost_trial_retries must be an int >= 0, got {lost_trial_retries!r}")
+    if trial_resources is not None and not (isinstance(trial_resources, Mapping) and all(
+            isinstance(v, (int, float)) and v >= 0 for v in trial_resources.values())):
+        raise ValueError(f"HydroSearcher: trial_resources holds Ray resource amounts >= 0 per trial, e.g. "
+                         f"{{'CPU': 1, 'GPU': 0.5}}; got {trial_resources!r}")
+    if scale != AUTO and not is_count(scale):
+        raise ValueError(f"HydroSearcher: scale must be an int >= 1 (the surrogates' width divisor; 1: full size) "
+                         f"or 'auto' (measured), got {scale!r}")
+    if searcher is not None and not isinstance(searcher, Searcher):
+        raise TypeError(f"HydroSearcher: searcher must be a Ray Tune Searcher (e.g. OptunaSearch()) or None "
+                        f"(random search of the param space), got {type(searcher).__name__}")
+    options = sorted(f.name for f in dataclasses.fields(TransferPolicy) if f.name not in _SET_BY_SEARCHER)
+    unknown = sorted(set(transfer) - set(options))
+    if unknown:
+        raise TypeError(f"HydroSearcher: unknown transfer option(s) {unknown}; the transfer options are {options}")
 
 
 @dataclass
