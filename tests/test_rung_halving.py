@@ -38,7 +38,8 @@ def test_a_rung_trial_costs_its_member_epochs():
 
 
 def policy(**options):
-    return TransferPolicy(0.75, 24, "val_loss", "min", **{"scale": 8, "slots": 2, "epochs": 8, **options})
+    return TransferPolicy(0.75, 24, "val_loss", "min", **{"scale": 8, "slots": 2, "epochs": 8, "halving": True,
+                                                          **options})
 
 
 def test_the_plan_counts_the_halving_in_its_cost_and_says_so():
@@ -94,7 +95,8 @@ class Cluster:
 
 
 def test_the_driver_gives_each_rung_trial_its_share_of_the_survivors_and_records_the_epochs_reached():
-    policy = TransferPolicy(1.0, 12, "acc", "max", scale=4, ladder=True, escalate=False, fallback_targets=0)
+    policy = TransferPolicy(1.0, 12, "acc", "max", scale=4, ladder=True, halving=True, escalate=False,
+                            fallback_targets=0)
     d, cluster = SearchDriver(policy, MemberPool(12, 6), "acc", 8, lambda config: 0), Cluster()
     configs = [{"lr": i} for i in range(12)]
     draw = lambda member: configs.pop(0) if configs else Suggestion.FINISHED  # noqa: E731
