@@ -28,4 +28,4 @@ def eight_gpu_node():
 ])
 def test_the_searcher_counts_a_slot_per_gpu_card(eight_gpu_node, request_, slots):
     searcher = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=16, fusion=2, trial_resources=request_)
-    assert searcher._trial_slots() == slots
+    assert searcher._cluster.trial_slots() == slots
