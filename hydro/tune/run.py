@@ -65,7 +65,10 @@ def start_local_cluster() -> None:
     watchdog that cleans it up should this process be killed; sessions earlier Hydro drivers left behind that way
     are cleaned here too (:mod:`hydro.tune.cluster.sessions`)."""
     ray_internals.bind_local_cluster_to_loopback()
-    ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
+    # address="local": a cluster of its own, never one ``ray start`` left on this machine (whose address Ray
+    # would otherwise read from its temp folder and join, or wait for when it is gone)
+    ray.init(address="local", include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
     context = ray.get_runtime_context()
     session_dir = os.path.join(context.get_temp_dir(), context.get_session_name())
     ray_sessions.mark(session_dir)

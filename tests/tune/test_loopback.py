@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -58,3 +59,20 @@ def test_embedded_cluster_listens_on_loopback_only():
     assert "gcs_server" in names and "raylet" in names, run.stdout  # the cluster's own processes were seen
     exposed = [s for s in sockets if s[0].rsplit(":", 1)[0] not in ("127.0.0.1", "[::ffff:127.0.0.1]", "[::1]")]
     assert not exposed, exposed
+
+
+def test_the_embedded_cluster_is_started_beside_a_cluster_ray_start_left_behind(tmp_path):
+    """``ray start`` writes its address to ``<ray temp>/ray_current_cluster``; ``hydro tune`` without an address
+    starts its own cluster even when that file names a cluster that is gone (``ray.init()`` would try to join it)."""
+    temp = Path(tempfile.mkdtemp(prefix="hy", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        (temp / "ray").mkdir()
+        (temp / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")  # nothing listens there
+        driver = ("import ray\nfrom hydro.tune.cli import connect\nconnect(None)\n"
+                  "print('ran', ray.get(ray.remote(lambda: 1).remote()))\nray.shutdown()\n")
+        run = subprocess.run([sys.executable, "-c", driver], cwd=REPO, capture_output=True, text=True, timeout=180,
+                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0",
+                                  "HOME": str(Path.home()), "RAY_TMPDIR": str(temp)})
+        assert run.returncode == 0 and "ran 1" in run.stdout, run.stderr[-3000:]
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
