@@ -101,7 +101,7 @@ def fuse_template(template: nn.Module, num_members: int, *, leaf_modules: Iterab
     (e.g. built from one template), where :func:`fuse` would trace and compare every member."""
     if not isinstance(template, nn.Module) or isinstance(num_members, bool) or not isinstance(num_members, int) \
             or num_members < 1:
-        raise FuseError(f"hydro.fuse_template: needs an nn.Module and num_members >= 1, got "
+        raise FuseError(f"hydro.binder.fuse_template: needs an nn.Module and num_members >= 1, got "
                         f"{type(template).__name__} and {num_members!r}")
     _check_no_hooks(template, 0)
     tracer_leaves = leaf_module_types(leaf_modules, "hydro.fuse")

@@ -29,11 +29,11 @@ class PipeliningBubbles:
         from torch.distributed.pipelining import schedules
 
         if not isinstance(schedule, schedules.PipelineScheduleSingle):
-            raise TypeError(f"hydro.bubbles.PipeliningBubbles: {type(schedule).__name__} is not a single-stage "
-                            f"schedule; the runtime (multi-stage) schedules wait outside _wait_batch_p2p, so their "
-                            f"bubbles cannot all be seen. Use ScheduleGPipe or Schedule1F1B")
+            raise TypeError(f"hydro.bubbles.pipelining.PipeliningBubbles: {type(schedule).__name__} is not a "
+                            f"single-stage schedule; the runtime (multi-stage) schedules wait outside "
+                            f"_wait_batch_p2p, so their bubbles cannot all be seen. Use ScheduleGPipe or Schedule1F1B")
         if not callable(getattr(schedules, "_wait_batch_p2p", None)):
-            raise RuntimeError("hydro.bubbles.PipeliningBubbles: this torch has no "
+            raise RuntimeError("hydro.bubbles.pipelining.PipeliningBubbles: this torch has no "
                                "torch.distributed.pipelining.schedules._wait_batch_p2p to hook; use "
                                "hydro.pipeline.PipelineStage, or call the BubbleListener around the waits yourself")
         self.schedule, self.listener, self.stage, self.device = schedule, listener, stage, torch.device(device)

@@ -114,11 +114,12 @@ class BubbleSlots:
         try:
             self.service = ray.get_actor(SERVICE_NAME)
         except ValueError:
-            raise RuntimeError("hydro.tune.bubble_slots: no placement service on this cluster to register the stage "
-                               "with; start it (hydro.tune.bubbles.service.placement_service()) before the "
-                               "TorchTrainer") from None
+            raise RuntimeError("hydro.tune.bubbles.ray_train.bubble_slots: no placement service on this cluster to "
+                               "register the stage with; start it (hydro.tune.bubbles.service.placement_service()) "
+                               "before the TorchTrainer") from None
         if measure_steps < 1:
-            raise ValueError(f"hydro.tune.bubble_slots: measure_steps must be at least 1, got {measure_steps}")
+            raise ValueError(f"hydro.tune.bubbles.ray_train.bubble_slots: measure_steps must be at least 1, "
+                             f"got {measure_steps}")
         cores = sorted(os.sched_getaffinity(0))
         self.job, self.stage, self.slot = job, stage, f"{job}/{stage}"
         self.host = GatedHost(f"stage {self.slot}", {cores[stage % len(cores)]}, fill_memory_bytes, timeouts,
