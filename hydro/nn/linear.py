@@ -73,11 +73,16 @@ def fused_linear(x: Tensor, weight: Tensor, bias: Tensor | None, *, shared: bool
     if flat.device.type == "cpu" and torch.is_grad_enabled() and weight.requires_grad \
             and not torch.is_autocast_enabled("cpu"):
         y = _RowMajorLinear.apply(flat, weight, bias)
-    elif bias is None:
-        y = torch.bmm(flat, weight.transpose(1, 2))
     else:
-        y = torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
+        y = _row_major(flat, weight, bias)
     return y.view(members, *x.shape[1:-1], out_features)
+
+
+def _row_major(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight^T + bias`` for ``x [F, N, in]``, ``weight [F, out, in]``, ``bias [F, out]`` or ``None``."""
+    if bias is None:
+        return torch.bmm(x, weight.transpose(1, 2))
+    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
 
 class _RowMajorLinear(torch.autograd.Function):
@@ -91,9 +96,7 @@ class _RowMajorLinear(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         # forward(ctx, ...) rather than setup_context: apply then binds no signature (inspect) per call
         ctx.save_for_backward(x, weight)
-        if bias is None:
-            return torch.bmm(x, weight.transpose(1, 2))
-        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+        return _row_major(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:

@@ -153,8 +153,8 @@ class HydroSearcher(Searcher):
         self._service, self._cluster, self._scheduler_checked = None, _RayCluster(self), False
         self._run_reporter, self._learn_resources = run_reporter, trial_resources is None
         if placement is not None:
-            check_placement(placement, spec, data if data is not None else spec.load_data())
-        self.placement = TrialPlacement(spec, data) if placement is not None else None
+            check_placement(placement, spec, self._loaded_data())  # loaded once, for the placement's work too
+        self.placement = TrialPlacement(spec, self._data) if placement is not None else None
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
