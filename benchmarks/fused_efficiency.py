@@ -3,16 +3,17 @@
 The AdamW pre-LN residual MLP of ``benchmarks/transfer_fidelity.py`` (batch 64, its synthetic tabular task) at
 each width of ``--widths``: F members (distinct configurations of its search space, seeded random search) fused
 in one ``hydro.trial.FusedTrial`` (full size, grouped operators, one fused optimizer), for each F of
-``--fusions``, against one configuration alone as a stock Ray Tune trial trains it (the plain model and
-``torch.optim.AdamW``). Each round times one training epoch of every trial in turn (rounds interleave them, so a
+``--fusions``, against each of its configurations alone as a stock Ray Tune trial trains it (the plain model and
+``torch.optim.AdamW``). Each round times steps of every trial in turn (rounds interleave them, so a
 shared machine's load falls on all alike), with ``--threads`` torch threads (a Ray trial with 1 CPU trains
 with 1: Ray sets ``OMP_NUM_THREADS`` to the trial's CPUs). Steps are timed in the process's CPU time (all its
 threads: the compute a step costs, which a shared machine's load inflates less than the wall clock; with 2
 threads it counts time the second thread spends waiting too). Reported per (threads, width, F): CPU time per step
-(median and quartiles over rounds), ``ratio``: the fused step's time over F alone steps' (1: the
-fused trial costs exactly its share of compute; the FLOPs of a fused step are F times one member's, counted by
-``torch.utils.flop_counter``), and the aten operations per step of the fused trial (its fixed per-step work:
-a count that does not grow with F). Prints a table and writes ``benchmarks/results/fused_efficiency.json``.
+(median and quartiles over rounds), ``ratio``: the fused step's time over the sum of its F members' steps alone
+in the same round (1: the fused trial costs exactly its share of compute; the FLOPs of a fused step are F times
+one member's, counted by ``torch.utils.flop_counter``), and the aten operations per step of the fused trial (its
+fixed per-step work: a count that does not grow with F). Prints a table and writes
+``benchmarks/results/fused_efficiency.json``.
 
     python -m benchmarks.fused_efficiency [--fusions 1,4,11,24] [--widths 128,512] [--threads 1,2] [--rounds 7]
 """
@@ -51,17 +52,25 @@ def counts(values: str) -> list[int]:
     return parsed
 
 
-def trials(width: int, fusions: list[int], seed: int) -> dict[int, FusedTrial]:
-    """Per fusion count F, a fused trial of the first F of the drawn configurations; ``ALONE``: the first one as
-    a plain trial."""
+def trials(width: int, fusions: list[int], seed: int) -> tuple[list[FusedTrial], dict[int, FusedTrial]]:
+    """Each of the drawn configurations alone (a plain trial, as stock Ray Tune trains it), and per fusion count F
+    a fused trial of the first F of them."""
     spec, space = residual_mlp(epochs=1, width=width)
     data = spec.load_data()
     drawn = RandomSearch(space, seed=seed)
     configs = [(f"m{i}", drawn.suggest(str(i))) for i in range(max(fusions))]
-    made = {ALONE: FusedTrial(spec, TrialPlan(TrialKind.PLAIN, configs[:1]), data)}
-    for f in fusions:
-        made[f] = FusedTrial(spec, TrialPlan(TrialKind.SURROGATE, configs[:f]), data)
-    return made
+    alone = [FusedTrial(spec, TrialPlan(TrialKind.PLAIN, [config]), data) for config in configs]
+    return alone, {f: FusedTrial(spec, TrialPlan(TrialKind.SURROGATE, configs[:f]), data) for f in fusions}
+
+
+def step_time(trial: FusedTrial) -> float:
+    """CPU seconds per training step over ``_STEPS`` steps (an epoch that ends is closed and the next begun)."""
+    start = time.process_time()
+    for _ in range(_STEPS):
+        if trial.train_step() is None:
+            trial.train_epoch()
+            trial.train_step()
+    return (time.process_time() - start) / _STEPS
 
 
 def step_counts(trial: FusedTrial) -> tuple[int, int]:
@@ -74,28 +83,30 @@ def step_counts(trial: FusedTrial) -> tuple[int, int]:
 
 
 def measure(threads: int, width: int, fusions: list[int], rounds: int, seed: int) -> list[dict]:
-    """The rows of one (threads, width): per fusion count, step times over ``rounds`` interleaved rounds."""
+    """The rows of one (threads, width): per fusion count, step times over ``rounds`` interleaved rounds, against
+    the sum of its members' steps alone in the same round (members differ: a configuration whose values
+    underflow to subnormal floats steps slower, alone as fused)."""
     with torch_threads(threads):
-        made = trials(width, fusions, seed)
-        static = {f: step_counts(t) for f, t in made.items()}
-        times: dict[int, list[float]] = {f: [] for f in made}
+        alone, fused = trials(width, fusions, seed)
+        static = {ALONE: step_counts(alone[0]), **{f: step_counts(t) for f, t in fused.items()}}
+        alone_times: list[list[float]] = []  # per round, each configuration's step alone
+        times: dict[int, list[float]] = {f: [] for f in fused}
         for _ in range(rounds):
-            for f, trial in made.items():
-                start = time.process_time()
-                for _ in range(_STEPS):
-                    if trial.train_step() is None:  # the epoch's last batch was trained: close it, go on
-                        trial.train_epoch()
-                        trial.train_step()
-                times[f].append((time.process_time() - start) / _STEPS)
-    alone = statistics.median(times[ALONE])
+            alone_times.append([step_time(trial) for trial in alone])
+            for f, trial in fused.items():
+                times[f].append(step_time(trial))
     rows = []
     for f in [ALONE, *fusions]:
-        q1, median, q3 = statistics.quantiles(times[f], n=4) if len(times[f]) > 1 else [times[f][0]] * 3
+        if f == ALONE:  # one member alone: the mean over the configurations
+            by_round, base = [sum(r) / len(r) for r in alone_times], [sum(r) / len(r) for r in alone_times]
+        else:  # the fused step against its F members' steps alone
+            by_round, base = times[f], [sum(r[:f]) for r in alone_times]
+        q1, median, q3 = statistics.quantiles(by_round, n=4) if rounds > 1 else [by_round[0]] * 3
         members = 1 if f == ALONE else f
         rows.append({"threads": threads, "width": width, "fusion": "alone" if f == ALONE else f,
                      "step_ms": 1e3 * median, "step_ms_q1": 1e3 * q1, "step_ms_q3": 1e3 * q3,
-                     "ratio": median / (members * alone),
-                     "ratio_by_round": [t / (members * a) for t, a in zip(times[f], times[ALONE])],
+                     "ratio": median / statistics.median(base),
+                     "ratio_by_round": [t / b for t, b in zip(by_round, base)],
                      "ops_per_step": static[f][0], "flops_per_step": static[f][1],
                      "flop_share": static[f][1] / (members * static[ALONE][1])})
     return rows
