@@ -33,6 +33,7 @@ from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
 from hydro.trial.data import DataSource
 from hydro.trial.scale_plan import measured_scale
 from hydro.trial.spec import TuneSpec
+from hydro.tune.placement.trial_merging import TrialMerging
 from hydro.tune.placement.trial_placement import TrialPlacement, check_placement
 from hydro.tune.search.member_decisions import start_service
 from hydro.tune.search.member_rules import refuse_trial_scheduler, stopping_rule
@@ -155,6 +156,8 @@ class HydroSearcher(Searcher):
         if placement is not None:
             check_placement(placement, spec, self._loaded_data())  # loaded once, for the placement's work too
         self.placement = TrialPlacement(spec, self._data) if placement is not None else None
+        self.merging = (TrialMerging(self.placement, spec.epochs, f"hydro-merges-{uuid.uuid4().hex[:12]}")
+                        if placement is not None else None)
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -191,7 +194,12 @@ class HydroSearcher(Searcher):
                 self.state.trial_request = _trainable_request(run, self.scale)
             self._scheduler_checked = True
         self._ensure_service()
-        config = self._next_trial(trial_id)
+        merging = self.merging
+        config = (merging and merging.next_config(trial_id, self.driver)) or self._next_trial(trial_id)
+        if merging is not None and isinstance(config, dict) and trial_id in self.driver.state.trial_groups:
+            config = merging.trial_config(config)  # a search trial: it may hand its members over to a merge
+        elif merging is not None and config == Searcher.FINISHED and merging.pending():
+            config = None  # a merged trial is still to start
         if isinstance(config, dict) and self.placement is not None:
             config = self.placement.place(trial_id, config)
         if isinstance(config, dict):
@@ -247,10 +255,14 @@ class HydroSearcher(Searcher):
             self.placement.on_result(trial_id, result, len(_member_results(result)))
         _tell(self.inner, self.driver.on_result(trial_id, _member_results(result), self._cluster,
                                                 result.get("time_total_s"), result.get("max_fusion")))
+        if self.merging is not None:
+            self.merging.on_result(trial_id, result, self.driver)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if self.placement is not None:
             self.placement.end(trial_id)
+        if self.merging is not None:  # members it handed over wait for their merged trial
+            self.merging.on_complete(trial_id, self.state.suggested.get(trial_id), self.driver)
         if self._lost(trial_id, self.state.suggested.pop(trial_id, None), error):
             return
         self.state.retries.pop(trial_id, None)
