@@ -5,7 +5,7 @@ hold few survivors each; when one trial could hold all of them (the group's fusi
 over its exact state at one epoch boundary and a new trial continues the union. A merge frees GPU slots (its
 trials less one). It is made only when the merged trial is predicted to finish no later than the latest of
 ``horizon_s`` (the stage's end: the latest predicted finish of the running trials) and its trials' own predicted
-finishes, times ``1 + slack``.
+finishes, times ``1 + slack`` (:class:`MergeRule`).
 
 The epoch boundary a merge happens at is the first one every trial of it has yet to check: a trial checks
 whether to hand over after each report is processed, so the trial whose report is being processed checks at its
@@ -14,6 +14,7 @@ epoch.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,9 +55,12 @@ class Merge:
 @dataclass(frozen=True)
 class MergeRule:
     """Which trials merge. ``slack``: how much later than the latest of the stage's end and its trials' own
-    finishes a merged trial may be predicted to finish, as a fraction (0: no later)."""
+    finishes a merged trial may be predicted to finish, as a fraction (0: strictly no later). The step-time
+    model's step grows linearly with a trial's members, so a merged trial on the same GPU type is always
+    predicted a little later, by its added members' share of a step (small for surrogates, whose steps are
+    dominated by per-call overheads); the default 5% lets such merges happen."""
 
-    slack: float = 0.0
+    slack: float = 0.05
 
     def __post_init__(self) -> None:
         if not self.slack >= 0:
@@ -104,9 +108,12 @@ class MergeRule:
         return None
 
 
-def finish_alone_s(finish: PredictedFinish, trial: str) -> float:
-    """Predicted seconds until placed trial ``trial`` ends alone: its steps left at its step time on its type."""
+def finish_alone_s(finish: PredictedFinish, trial: str, members: int | None = None) -> float:
+    """Predicted seconds until placed trial ``trial`` ends alone: its steps left at its step time on its type with
+    ``members`` members (default: the members it was last counted with)."""
     placed = finish.trials[trial]
+    if members is not None:
+        placed = dataclasses.replace(placed, members=members)
     return max(0, placed.steps - placed.done) * finish.step_seconds(placed.gpu, placed)
 
 

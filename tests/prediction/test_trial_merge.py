@@ -56,7 +56,9 @@ def test_no_merge_at_or_after_the_last_epoch_or_without_survivors():
 def test_a_merge_predicted_to_finish_later_waits_unless_within_the_slack_or_the_stage_ends_later():
     later = lambda chosen, members, epoch: 11.0  # noqa: E731
     pair = [candidate("a", 1), candidate("b", 1)]
-    assert MergeRule().plan(pair, lambda key: 2, 5, later) == []
+    assert MergeRule().plan(pair, lambda key: 2, 5, later) == []  # 10% later: beyond the default 5%
+    assert MergeRule().plan(pair, lambda key: 2, 5, lambda chosen, members, epoch: 10.4)  # 4% later: merges
+    assert MergeRule(slack=0).plan(pair, lambda key: 2, 5, lambda chosen, members, epoch: 10.4) == []
     assert MergeRule(slack=0.1).plan(pair, lambda key: 2, 5, later)[0].trials == ("a", "b")
     (merge,) = MergeRule().plan(pair, lambda key: 2, 5, later, horizon_s=12.0)  # another trial ends at 12 s
     assert merge.alone_s == 12.0
@@ -84,6 +86,7 @@ def test_predicted_finishes_alone_and_merged():
     finish.progress("a", done=10, members=1)  # 1.5 s a step now
     finish.progress("b", done=8, members=1)  # 2 s a step now
     assert finish_alone_s(finish, "a") == 30 * 1.5 and finish_alone_s(finish, "b") == 32 * 2.0
+    assert finish_alone_s(finish, "b", members=2) == 32 * 3.0
     # 4 epochs of 10 steps; merged at epoch 2: b reaches it in 12 steps (24 s), then 20 steps of 2 members on the
     # fast type (2 s each)
     assert merged_finish_s(finish, ["a", "b"], members=2, epoch=2, epochs=4) == 24.0 + 40.0

@@ -126,7 +126,8 @@ class TrialMerging:
         return {**self.__dict__, "_box": None}
 
     def trial_config(self, config: dict) -> dict:
-        """A search trial's ``config`` with the box it checks."""
+        """A search trial's ``config`` with the box it checks (started here, before the trial looks it up)."""
+        self.box()
         return {**config, HANDOVER_KEY: self.box_name}
 
     def on_result(self, trial_id: str, result: Mapping, driver: SearchDriver) -> None:
@@ -138,10 +139,11 @@ class TrialMerging:
         if finish is None:
             return
         candidates = [MergeCandidate(t, driver.state.trial_groups[t], live, epoch, t == trial_id,
-                                     finish_alone_s(finish, t))
+                                     finish_alone_s(finish, t, max(1, live)))
                       for t, (live, epoch) in self._live.items() if t in finish.trials and not self._merging(t)]
         pool = driver.state.pool
-        horizon = max((finish_alone_s(finish, t) for t in finish.trials), default=0.0)
+        horizon = max((finish_alone_s(finish, t, max(1, self._live[t][0]) if t in self._live else None)
+                       for t in finish.trials), default=0.0)
         merges = self.rule.plan(candidates, lambda key: min(pool.fusion.get(key, pool.max_fusion), pool.max_fusion),
                                 self.epochs, lambda chosen, members, epoch: merged_finish_s(
                                     finish, [c.trial for c in chosen], members, epoch, self.epochs), horizon)
