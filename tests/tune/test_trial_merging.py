@@ -114,3 +114,17 @@ def test_merging_pickles_without_its_box(planned):
     merging.box()
     copied = pickle.loads(pickle.dumps(merging))
     assert copied._box is None and copied.merges == merging.merges
+
+
+def test_members_handed_over_to_a_merge_that_had_not_started_train_again_after_a_restore(planned):
+    import pickle
+
+    ray, driver, merging, record = planned
+    box = merging.box()
+    assert ray.get(box.due.remote("a", 2))
+    ray.get(box.hand_over.remote("a", state_after("a", 2, ["m1"])[1]))
+    merging.on_complete("a", config_of("a"), driver)
+    restored = pickle.loads(pickle.dumps(merging))  # the searcher's checkpoint; the box is gone with the session
+    ((entry, config),) = restored.restart_pending()
+    assert entry == record.placeholder and plan_of(config).member_ids == ["m1"] and MERGED_KEY not in config
+    assert not restored.pending() and restored.restart_pending() == []

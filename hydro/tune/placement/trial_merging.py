@@ -198,21 +198,43 @@ class TrialMerging:
         """Whether a merge waits for its trials or its start."""
         return any(record.pending for record in self.merges)
 
+    def restart_pending(self) -> list[tuple[str, dict]]:
+        """After the run is restored (the states handed over were lost with its session): drop every pending merge,
+        and return, per merge whose members some trials had handed over, (its member ledger entry, the config of a
+        fresh trial that trains those members again from the start)."""
+        restarts = []
+        for record in self.merges:
+            if not record.pending:
+                continue
+            record.dropped = True
+            if record.members:
+                config = self._config(record)
+                del config[MERGED_KEY]
+                restarts.append((record.placeholder, config))
+                logger.warning("merge %s: the states trials %s handed over were lost with the run's earlier session; "
+                               "members %s train again from the start", record.id, ", ".join(record.handed),
+                               ", ".join(record.members))
+        return restarts
+
     def box(self):
         if self._box is None:
             self._box = HandoverBox.options(name=self.box_name, get_if_exists=True).remote()
         return self._box
 
     def _start(self, record: MergeRecord, trial_id: str, driver: SearchDriver) -> dict:
-        base = record.configs[record.handed[0]]
-        configs = {m: c for t in record.handed for m, c in plan_of(record.configs[t]).members}
-        plan = dataclasses.replace(plan_of(base), members=[(m, configs[m]) for m in record.members])
         driver.rename_trial(record.placeholder, trial_id)
         driver.state.trial_groups[trial_id] = record.key
         record.trial = trial_id
         logger.info("merge %s: trial %s continues members %s of trials %s from their states at epoch %d%s",
                     record.id, trial_id, ", ".join(record.members), ", ".join(record.handed), record.epoch,
                     f" (trials {', '.join(record.left)} left the merge)" if record.left else "")
+        return self._config(record)
+
+    def _config(self, record: MergeRecord) -> dict:
+        """The config of the trial that continues ``record``'s handed-over members (placed again by the searcher)."""
+        base = record.configs[record.handed[0]]
+        configs = {m: c for t in record.handed for m, c in plan_of(record.configs[t]).members}
+        plan = dataclasses.replace(plan_of(base), members=[(m, configs[m]) for m in record.members])
         config = {k: v for k, v in base.items() if k != PLACEMENT_KEY}
         return {**config, **plan.to_config(), MERGED_KEY: (self.box_name, record.id)}
 
@@ -228,7 +250,11 @@ def hand_over_if_due(config: Mapping, trial: FusedTrial) -> bool:
     name = config.get(HANDOVER_KEY)
     if name is None:
         return False
-    box, trial_id = ray.get_actor(name), tune.get_context().get_trial_id()
+    try:
+        box = ray.get_actor(name)
+    except ValueError:  # a restored run's trial: its merges ended with the run's earlier session
+        return False
+    trial_id = tune.get_context().get_trial_id()
     if not ray.get(box.due.remote(trial_id, trial.epoch)):
         return False
     state = trial.state_dict()

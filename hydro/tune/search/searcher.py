@@ -282,7 +282,7 @@ class HydroSearcher(Searcher):
             with open(os.path.join(directory, "inner"), "rb") as f:
                 inner = f.read()
         with open(checkpoint_path, "wb") as f:
-            pickle.dump({"state": self.state, "driver": self.driver.state, "inner": inner}, f)
+            pickle.dump({"state": self.state, "driver": self.driver.state, "inner": inner, "merging": self.merging}, f)
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
@@ -293,6 +293,9 @@ class HydroSearcher(Searcher):
             self.inner.restore(os.path.join(directory, "inner"))
         self.state, self._service = saved["state"], None
         self.driver.restore(saved["driver"])
+        self.merging = saved.get("merging", self.merging)
+        if self.merging is not None:  # members handed over to a merge that had not started train again
+            self.state.lost += self.merging.restart_pending()
         if self.state.scale_choice is not None:  # scale="auto", chosen before the checkpoint
             self.driver.use_scale(self.state.scale_choice.scale)
         self._ensure_service()  # restored trials look the service up as soon as they resume
