@@ -132,12 +132,11 @@ class TrialMerging:
 
     def on_result(self, trial_id: str, result: Mapping, driver: SearchDriver) -> None:
         """Trial ``trial_id`` reported ``result`` (being processed now): decide the merges it makes possible."""
-        if trial_id not in driver.state.trial_groups or self._merging(trial_id):
-            return
-        self._live[trial_id] = (int(result.get("live_members", 0)), int(result.get("epoch", 0)))
         finish = self.placement.finish
-        if finish is None:
-            return
+        if (finish is None or trial_id not in finish.trials or trial_id not in driver.state.trial_groups
+                or self._merging(trial_id)):
+            return  # not a running search trial (an ended one's last result comes again at its completion)
+        self._live[trial_id] = (int(result.get("live_members", 0)), int(result.get("epoch", 0)))
         candidates = [MergeCandidate(t, driver.state.trial_groups[t], live, epoch, t == trial_id,
                                      finish_alone_s(finish, t, max(1, live)))
                       for t, (live, epoch) in self._live.items() if t in finish.trials and not self._merging(t)]

@@ -111,7 +111,9 @@ class HydroSearcher(Searcher):
             configuration and trained model written to the run directory at the end).
         placement: ``"elastic"``: each trial goes to the GPU type of the cluster's nodes on which it is predicted to
             finish first (:class:`~hydro.tune.placement.trial_placement.TrialPlacement`; its config asks for that
-            type); ``None``: Ray's resource request alone.
+            type), and search trials of one fused group merge their surviving members into one trial when that
+            frees a GPU (:class:`~hydro.tune.placement.trial_merging.TrialMerging`, :attr:`merging`: its rule and
+            the merges made); ``None``: Ray's resource request alone.
         **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``eta``, ``top_k``,
             ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
             ``probe_margin``, ``fallback_targets``): the width ladder, full-size targets, escalation and fallback
