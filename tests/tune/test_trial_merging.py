@@ -128,3 +128,30 @@ def test_members_handed_over_to_a_merge_that_had_not_started_train_again_after_a
     ((entry, config),) = restored.restart_pending()
     assert entry == record.placeholder and plan_of(config).member_ids == ["m1"] and MERGED_KEY not in config
     assert not restored.pending() and restored.restart_pending() == []
+
+
+def test_a_trial_hands_over_its_exact_state_when_due_and_one_whose_state_does_not_merge_leaves(planned, monkeypatch):
+    import hydro.tune.placement.trial_merging as trial_merging
+
+    ray, driver, merging, record = planned
+    configs = {t: merging.trial_config(config_of(t)) for t in TRIALS}
+    trials = {"a": state_after("a", 1, ["m1"])[0], "b": state_after("b", 1, ["m3"])[0]}
+    for trial_id, fused in trials.items():
+        monkeypatch.setattr(trial_merging.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: trial_id))
+        assert not trial_merging.hand_over_if_due(configs[trial_id], fused)  # epoch 1: not due yet
+        fused.run_epoch()
+    monkeypatch.setattr(trial_merging.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "a"))
+    assert trial_merging.hand_over_if_due(configs["a"], trials["a"])
+    monkeypatch.setattr(trial_merging.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "b"))
+    assert not trial_merging.hand_over_if_due(configs["b"], trials["b"], refused="its energy does not merge")
+    assert ray.get(merging.box().status.remote(record.id)) == (["a"], ["b"])
+    for trial_id in TRIALS:
+        merging.on_complete(trial_id, configs[trial_id], driver)
+    merged = merged_state(merging.next_config("c", driver))
+    assert merged["member_ids"] == ["m1"] and merged["epoch"] == 2
+    expected = trials["a"].state_dict()["members"][0]
+    for key, value in merged["members"][0]["modules"][0].items():
+        assert torch.equal(value, expected["modules"][0][key]), key
+    for index, state in merged["members"][0]["optimizers"][0]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(expected["optimizers"][0]["state"][index][key]))

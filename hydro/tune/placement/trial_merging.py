@@ -241,11 +241,11 @@ class TrialMerging:
         return next((r for r in self.merges if r.pending and trial_id in r.trials and trial_id not in r.left), None)
 
 
-def hand_over_if_due(config: Mapping, trial: FusedTrial) -> bool:
+def hand_over_if_due(config: Mapping, trial: FusedTrial, refused: str | None = None) -> bool:
     """In a search trial of a run that merges (``config`` holds :data:`HANDOVER_KEY`): whether its merge is due at
     the trial's epoch boundary; if so its state is handed over (the trial then ends). A trial whose state cannot
-    merge (:func:`~hydro.trial.merge.merge_states` refuses it: unfused members, fp16 loss scales) leaves its merge
-    and trains on."""
+    merge (:func:`~hydro.trial.merge.merge_states` refuses it: unfused members, fp16 loss scales; or ``refused``:
+    why the caller's own state does not merge) leaves its merge and trains on."""
     name = config.get(HANDOVER_KEY)
     if name is None:
         return False
@@ -257,10 +257,13 @@ def hand_over_if_due(config: Mapping, trial: FusedTrial) -> bool:
     if not ray.get(box.due.remote(trial_id, trial.epoch)):
         return False
     state = trial.state_dict()
-    try:
-        merge_states([state])
-    except ValueError as error:
-        logger.warning("trial %s does not hand over its members (it trains on alone): %s", trial_id, error)
+    if refused is None:
+        try:
+            merge_states([state])
+        except ValueError as error:
+            refused = str(error)
+    if refused is not None:
+        logger.warning("trial %s does not hand over its members (it trains on alone): %s", trial_id, refused)
         ray.get(box.leave.remote(trial_id))
         return False
     buffer = io.BytesIO()

@@ -191,7 +191,8 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
                 trial.observers.append(meter)
                 if state and "energy" in state:
                     meter.load_state_dict(state["energy"])
-            _train(spec, trial, session, meter, gpu_ids, timing, lambda: hand_over_if_due(config, trial))
+            refused = None if meter is None else "the energy it measured does not merge"
+            _train(spec, trial, session, meter, gpu_ids, timing, lambda: hand_over_if_due(config, trial, refused))
         finally:
             if meter is not None:
                 meter.close()
