@@ -213,7 +213,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
     ``probe_margin``, ``fallback_targets``). ``placement="elastic"``: each trial runs on the GPU type of the
     cluster's nodes (declared as ``hydro_gpu:<type>`` resources, or detected) where it is predicted to finish
-    first (:mod:`hydro.tune.placement.trial_placement`).
+    first (:mod:`hydro.tune.placement.trial_placement`), and the survivors of search trials of one fused group merge
+    into one trial when that frees a GPU (:mod:`hydro.tune.placement.trial_merging`).
     Raises ``ValueError`` (or ``TypeError``) before Ray starts for
     arguments that cannot work (:func:`check_arguments`, :func:`check_storage`, :func:`prepare`, ``HydroSearcher``'s own
     checks), and when

@@ -12,7 +12,8 @@ import torch
 from hydro.trial.plan import plan_of
 from hydro.trial.unit import FusedTrial
 from tests.conftest import REPO
-from tests.tune.workload import SPACE, small_digits, spec
+from tests.prediction.workload import mlp_without_input_bias
+from tests.tune.workload import SPACE, StartTogether, StopOneOfEachTrial, small_digits, spec
 
 TYPES = {"A100": 1, "V100": 1}  # one node of each (3 CPUs in all: only 2 trials can run at once)
 
@@ -37,19 +38,24 @@ def node_types(ray) -> dict[str, str]:
             for node in ray.nodes() if node["Alive"]}
 
 
-def trained_alone(workload, config, epochs):
-    """The trial's members trained in this process (one thread, as a Ray worker of 1 CPU): per member, its
-    metrics after its last epoch."""
+def trained_alone(workload, config, epochs, stopped=()):
+    """The trial's members trained in this process (one thread, as a Ray worker of 1 CPU), the ``stopped`` ones
+    sliced out after the first epoch: per member, its metrics after its last epoch."""
     plan = plan_of(config)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    results = {}
     try:
         trial = FusedTrial(workload, plan, small_digits())
         for _ in range(epochs):
             metrics = trial.run_epoch()
+            results.update({m: {name: values[i].item() for name, values in metrics.items()}
+                            for i, m in enumerate(trial.member_ids)})
+            if trial.epoch == 1 and stopped:
+                trial.keep([i for i, m in enumerate(trial.member_ids) if m not in stopped])
     finally:
         torch.set_num_threads(threads)
-    return {m: {name: values[i].item() for name, values in metrics.items()} for i, m in enumerate(trial.member_ids)}
+    return results
 
 
 def test_trials_land_on_the_predicted_type_and_train_as_alone(two_type_cluster, tmp_path, caplog):
@@ -79,6 +85,45 @@ def test_trials_land_on_the_predicted_type_and_train_as_alone(two_type_cluster, 
             reported = result.metrics["members"][member]
             assert reported["val_acc"] == expected["val_acc"] and reported["val_loss"] == expected["val_loss"]
     assert not searcher.placement.finish.trials  # every trial ended: no GPU counted as held
+
+
+def test_survivors_of_two_trials_merge_into_one_that_trains_them_as_alone(two_type_cluster, tmp_path, caplog):
+    """Two fused trials of one group keep one member each after epoch 1: they hand their exact states over at one
+    epoch boundary and one trial continues both on one GPU (logged, recorded); every member's results equal its
+    own trial trained alone (a model without a bias on the shared input: merged arithmetic is bit-identical)."""
+    from hydro.tune import fit
+
+    (tmp_path / "started").mkdir()
+    epochs = 6  # room for the merge: a trial may be an epoch or two ahead of the other when the rule sees both
+    workload = spec(epochs=epochs, model=mlp_without_input_bias, loss=StartTogether(str(tmp_path / "started")))
+    with caplog.at_level(logging.INFO, logger="hydro.tune.placement.trial_merging"):
+        results, searcher = fit(workload, SPACE, num_samples=4, fusion=2, transfer_fraction=None,
+                                scheduler=StopOneOfEachTrial(), storage_path=str(tmp_path / "runs"), name="merged",
+                                verbose=0, placement="elastic")
+    assert not results.errors
+    (merge,) = searcher.merging.merges
+    assert sorted(merge.handed) == sorted(merge.trials) and len(merge.trials) == 2 and not merge.left
+    assert sorted(merge.members) == ["m00001", "m00003"] and 1 <= merge.epoch < epochs
+    assert merge.finish_s <= merge.alone_s * 1.05
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"merge {merge.id}: trials ") and "freeing 1 GPU(s)" in m for m in messages)
+    assert any(m.startswith(f"merge {merge.id}: trial {merge.trial} continues members") for m in messages)
+    by_trial = {r.metrics["trial_id"]: r for r in results}
+    assert set(by_trial) == {*merge.trials, merge.trial}  # three trials: the two merged, and the one they became
+    sources, merged = [by_trial[t] for t in merge.trials], by_trial[merge.trial]
+    assert all(r.metrics["epoch"] == merge.epoch for r in sources)  # they ended at the hand-over
+    assert merged.metrics["epoch"] == epochs and merged.metrics["live_members"] == 0
+    # the merged trial started once both had ended: from then on one GPU trained what two did
+    assert merged.metrics["trial_started_at"] >= max(r.metrics["reported_at"] for r in sources)
+    assert not searcher.placement.finish.trials  # every trial ended: no GPU counted as held
+    table = searcher.member_results()
+    assert sorted(table) == ["m00000", "m00001", "m00002", "m00003"]
+    for source in sources:
+        alone = trained_alone(workload, source.config, epochs, stopped={"m00000", "m00002"})
+        for member, expected in alone.items():
+            assert table[member]["epoch"] == (1 if member in ("m00000", "m00002") else epochs)
+            assert table[member]["val_acc"] == expected["val_acc"], member
+            assert table[member]["val_loss"] == expected["val_loss"], member
 
 
 def test_hydro_tune_places_the_example_with_its_transfer_stages(two_type_cluster, tmp_path, capsys, caplog):

@@ -33,6 +33,7 @@ from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
 from hydro.trial.data import DataSource
 from hydro.trial.scale_plan import measured_scale
 from hydro.trial.spec import TuneSpec
+from hydro.tune.placement.trial_merging import TrialMerging
 from hydro.tune.placement.trial_placement import TrialPlacement, check_placement
 from hydro.tune.search.member_decisions import start_service
 from hydro.tune.search.member_rules import refuse_trial_scheduler, stopping_rule
@@ -110,7 +111,9 @@ class HydroSearcher(Searcher):
             configuration and trained model written to the run directory at the end).
         placement: ``"elastic"``: each trial goes to the GPU type of the cluster's nodes on which it is predicted to
             finish first (:class:`~hydro.tune.placement.trial_placement.TrialPlacement`; its config asks for that
-            type); ``None``: Ray's resource request alone.
+            type), and search trials of one fused group merge their surviving members into one trial when that
+            frees a GPU (:class:`~hydro.tune.placement.trial_merging.TrialMerging`, :attr:`merging`: its rule and
+            the merges made); ``None``: Ray's resource request alone.
         **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``eta``, ``top_k``,
             ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
             ``probe_margin``, ``fallback_targets``): the width ladder, full-size targets, escalation and fallback
@@ -155,6 +158,8 @@ class HydroSearcher(Searcher):
         if placement is not None:
             check_placement(placement, spec, self._loaded_data())  # loaded once, for the placement's work too
         self.placement = TrialPlacement(spec, self._data) if placement is not None else None
+        self.merging = (TrialMerging(self.placement, spec.epochs, f"hydro-merges-{uuid.uuid4().hex[:12]}")
+                        if placement is not None else None)
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -191,7 +196,12 @@ class HydroSearcher(Searcher):
                 self.state.trial_request = _trainable_request(run, self.scale)
             self._scheduler_checked = True
         self._ensure_service()
-        config = self._next_trial(trial_id)
+        merging = self.merging
+        config = (merging and merging.next_config(trial_id, self.driver)) or self._next_trial(trial_id)
+        if merging is not None and isinstance(config, dict) and trial_id in self.driver.state.trial_groups:
+            config = merging.trial_config(config)  # a search trial: it may hand its members over to a merge
+        elif merging is not None and config == Searcher.FINISHED and merging.pending():
+            config = None  # a merged trial is still to start
         if isinstance(config, dict) and self.placement is not None:
             config = self.placement.place(trial_id, config)
         if isinstance(config, dict):
@@ -247,10 +257,14 @@ class HydroSearcher(Searcher):
             self.placement.on_result(trial_id, result, len(_member_results(result)))
         _tell(self.inner, self.driver.on_result(trial_id, _member_results(result), self._cluster,
                                                 result.get("time_total_s"), result.get("max_fusion")))
+        if self.merging is not None:
+            self.merging.on_result(trial_id, result, self.driver)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if self.placement is not None:
             self.placement.end(trial_id)
+        if self.merging is not None:  # members it handed over wait for their merged trial
+            self.merging.on_complete(trial_id, self.state.suggested.get(trial_id), self.driver)
         if self._lost(trial_id, self.state.suggested.pop(trial_id, None), error):
             return
         self.state.retries.pop(trial_id, None)
@@ -270,7 +284,7 @@ class HydroSearcher(Searcher):
             with open(os.path.join(directory, "inner"), "rb") as f:
                 inner = f.read()
         with open(checkpoint_path, "wb") as f:
-            pickle.dump({"state": self.state, "driver": self.driver.state, "inner": inner}, f)
+            pickle.dump({"state": self.state, "driver": self.driver.state, "inner": inner, "merging": self.merging}, f)
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
@@ -281,6 +295,9 @@ class HydroSearcher(Searcher):
             self.inner.restore(os.path.join(directory, "inner"))
         self.state, self._service = saved["state"], None
         self.driver.restore(saved["driver"])
+        self.merging = saved.get("merging", self.merging)
+        if self.merging is not None:  # members handed over to a merge that had not started train again
+            self.state.lost += self.merging.restart_pending()
         if self.state.scale_choice is not None:  # scale="auto", chosen before the checkpoint
             self.driver.use_scale(self.state.scale_choice.scale)
         self._ensure_service()  # restored trials look the service up as soon as they resume

@@ -39,6 +39,7 @@ from hydro.trial.surrogate import templates_in_process
 from hydro.trial.unit import FusedTrial
 from hydro.tune.cluster.output import quiet_trial
 from hydro.tune.placement.gpu_types import PLACEMENT_KEY
+from hydro.tune.placement.trial_merging import hand_over_if_due, merged_state
 from hydro.tune.search.session import TRIAL_CPUS_KEY, TRIAL_GPUS_KEY, MemberSession, TrialLost
 
 logger = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
     started = time.time()
     global _TRIALS_IN_PROCESS
     _TRIALS_IN_PROCESS += 1
-    state = _restored_state()
+    state = _restored_state() or merged_state(config)  # a merged trial starts from the states handed over
     warm = {"cached_plans": plans_in_process(), "cached_templates": templates_in_process()}
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None,
                             state["epoch"] if state else 0)
@@ -190,17 +191,19 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
                 trial.observers.append(meter)
                 if state and "energy" in state:
                     meter.load_state_dict(state["energy"])
-            _train(spec, trial, session, meter, gpu_ids, timing)
+            refused = None if meter is None else "the energy it measured does not merge"
+            _train(spec, trial, session, meter, gpu_ids, timing, lambda: hand_over_if_due(config, trial, refused))
         finally:
             if meter is not None:
                 meter.close()
 
 
 def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: EnergyObserver | None,
-           gpu_ids: list, timing: dict) -> None:
-    """Train and report every epoch. Besides the metrics, each report holds where the trial's time went: ``timing``
-    (its start, its worker process's start and how many trials that process ran, set-up seconds) and seconds of
-    training, evaluation and checkpoints so far (``checkpoint_s``: those before this report), ``reported_at``."""
+           gpu_ids: list, timing: dict, hand_over: Callable[[], bool]) -> None:
+    """Train and report every epoch; after each report, end if ``hand_over()`` handed the members over to a merge.
+    Besides the metrics, each report holds where the trial's time went: ``timing`` (its start, its worker process's
+    start and how many trials that process ran, set-up seconds) and seconds of training, evaluation and checkpoints
+    so far (``checkpoint_s``: those before this report), ``reported_at``."""
     resources = tune.get_context().get_trial_resources().required_resources
     extra = {"fused": trial.fused, "device": str(trial.device), "gpu_ids": ",".join(map(str, gpu_ids)),
              TRIAL_CPUS_KEY: resources.get("CPU", 0.0), TRIAL_GPUS_KEY: resources.get("GPU", 0.0),
@@ -228,7 +231,7 @@ def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: Ene
             state = trial.state_dict() if meter is None else {**trial.state_dict(), "energy": meter.state_dict()}
             _report_checkpoint(session, state)
             checkpoint_s += time.perf_counter() - start
-        if not keep:
+        if not keep or hand_over():
             return
 
 
