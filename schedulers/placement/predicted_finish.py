@@ -92,15 +92,15 @@ class PredictedFinish:
         return Choice(best, {gpu: option[0] for gpu, option in options.items()})
 
     def progress(self, key: str, done: int, members: int, seconds_per_step: float | None = None) -> None:
-        """Trial ``key`` has done ``done`` steps and has ``members`` members now; ``seconds_per_step``: its
-        measured step time over its latest steps (with ``members`` members then), which refines its type's
-        correction."""
+        """Trial ``key`` has done ``done`` steps and has ``members`` live members now; ``seconds_per_step``: its
+        measured step time over its steps since the last call (trained by the members it had then), which refines
+        its type's correction."""
         trial = self.trials.get(key)
         if trial is None:
             return
-        trial.done, trial.members = done, members
         if seconds_per_step is not None and seconds_per_step > 0:
             self.ratios.setdefault(trial.gpu, []).append(seconds_per_step / self._prior_step_seconds(trial.gpu, trial))
+        trial.done, trial.members = done, members
 
     def end(self, key: str) -> None:
         """Trial ``key`` ended: its type's GPU is free for the next."""

@@ -80,3 +80,11 @@ def test_cluster_gpu_types_declared_before_detected():
     assert (gpu, count, dict(request.resources)) == ("H100", 4, {"GPU": 1.0, DETECTED_PREFIX + "H100": 0.001})
     assert cluster_gpu_types([{"Alive": True, "Resources": {"CPU": 2}}]) == {}
     assert prior_type("a100").rate == 2.2 and prior_type("mystery").rate == 1.0
+
+
+def test_a_measured_step_is_compared_with_the_members_that_trained_it():
+    placer = book()
+    placer.choose("t1", 1.0, 4, 10)  # 4 members: 1 s a step on fast
+    placer.progress("t1", done=1, members=1, seconds_per_step=1.0)  # 4 trained that step; 3 stopped after it
+    assert placer.correction("fast") == pytest.approx(1.0)
+    assert placer.choose("t2", 1.0, 4, 10).finish_s["fast"] == pytest.approx(9 * 0.25 + 10)  # t1 goes on with 1

@@ -254,7 +254,7 @@ class HydroSearcher(Searcher):
         if TRIAL_CPUS_KEY in result and trial_id not in self.driver.state.widened:
             self.state.trial_request = {"CPU": result[TRIAL_CPUS_KEY], "GPU": result.get(TRIAL_GPUS_KEY, 0.0)}
         if self.placement is not None:
-            self.placement.on_result(trial_id, result, len(_member_results(result)))
+            self.placement.on_result(trial_id, result, int(result.get("live_members", 1)))
         _tell(self.inner, self.driver.on_result(trial_id, _member_results(result), self._cluster,
                                                 result.get("time_total_s"), result.get("max_fusion")))
         if self.merging is not None:
