@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._device import DeviceContext
 
-from hydro.binder import FusedModel, fuse_template
+from hydro.binder import FusedModel, TracedTemplate, trace_template
 from hydro.nn.registry import all_tensors
 from hydro.optim.dynamo_guard import guards_skipped
 from hydro.shrink.shrink import ShrinkRecipe, shrink_recipe
@@ -146,6 +146,15 @@ class SurrogateTemplate:
                  signature: list[tuple]) -> None:
         self.model_factory, self.recipe, self.signature = model_factory, recipe, signature
         self.checked: list[tuple[frozenset | None, list]] = []  # (keys read, their values) of this architecture
+        self.traced: dict[tuple[type[nn.Module], ...], TracedTemplate] = {}  # by leaf modules
+
+    def fuse(self, num_members: int, leaf_modules: Sequence[type[nn.Module]]) -> FusedModel:
+        """``num_members`` members of this architecture fused (``hydro.binder.fuse_template``; traced once per
+        ``leaf_modules``), holding the template surrogate's values."""
+        key = tuple(leaf_modules)
+        if key not in self.traced:
+            self.traced[key] = trace_template(self.recipe.surrogate, leaf_modules=key)
+        return self.traced[key].fuse(num_members)
 
     @classmethod
     def make(cls, model_factory: Callable[[Mapping], nn.Module], config: Mapping, scale: int,
@@ -229,7 +238,7 @@ def fused_surrogates(model_factory: Callable[[Mapping], nn.Module], configs: Seq
         except NotFromTemplate as error:
             logger.info("member %d of group %s is built the plain way: %s", i, group, error)
             return None
-    fused = fuse_template(template.recipe.surrogate, len(configs), leaf_modules=leaf_modules)
+    fused = template.fuse(len(configs), leaf_modules)
     stacked = all_tensors(fused)
     with torch.no_grad():
         for i, seed in enumerate(seeds):
