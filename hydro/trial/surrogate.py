@@ -159,44 +159,54 @@ class SurrogateTemplate:
     @classmethod
     def make(cls, model_factory: Callable[[Mapping], nn.Module], config: Mapping, scale: int,
              shrink_options: Mapping) -> tuple[SurrogateTemplate | None, str]:
-        """The template of ``config``'s architecture at ``scale`` (one full-size model built and shrunk; torch's
-        RNG is left as it was), or ``None`` and why where members must be built the plain way."""
-        with torch.random.fork_rng(devices=[]):
-            full = model_factory(config)
-            recipe = shrink_recipe(full, scale, **shrink_options)
-        if not _only_rebuilt(recipe):
-            return None, "some of the surrogate's tensors are taken from the full-size model (sliced or kept as is)"
-        template = cls(model_factory, recipe, _signature(full))
+        """The template of ``config``'s architecture at ``scale`` (its full-size model built and shrunk on the meta
+        device: no random draws; the template's surrogate holds zeros), or ``None`` and why where members must be
+        built the plain way."""
         try:
-            template.check(config)
+            full, keys = _on_meta(model_factory, config)
+            recipe = shrink_recipe(full, scale, **shrink_options)
         except NotFromTemplate as error:
             return None, str(error)
+        except Exception as error:  # noqa: BLE001 (the plain build raises it again, or succeeds on real tensors)
+            return None, f"hydro.shrink fails on the meta device ({type(error).__name__}: {error})"
+        if not _only_rebuilt(recipe):
+            return None, "some of the surrogate's tensors are taken from the full-size model (sliced or kept as is)"
+        template = cls(model_factory, recipe.materialised("cpu"), _signature(full))
+        template.checked.append((keys, _values(config, keys)))
         return template, ""
 
     def check(self, config: Mapping) -> None:
         """Raises :class:`NotFromTemplate` where ``model_factory(config)`` builds another architecture than the
         template's, or cannot run on the meta device (it runs there once per distinct value of the configuration
-        keys it reads; torch's RNG is left as it was)."""
+        keys it reads)."""
         if any(values == _values(config, keys) for keys, values in self.checked):
             return
-        seen = _ReadKeys(config)
-        try:
-            with guards_skipped([DeviceContext.__torch_function__]), torch.random.fork_rng(devices=[]), \
-                    torch.device("meta"):
-                model = self.model_factory(seen)  # (guards_skipped: the mode needs no torch._dynamo before it loads)
-        except Exception as error:  # a factory may need real values (data-dependent initialisation): plain build
-            raise NotFromTemplate(f"the model factory does not run on the meta device ({type(error).__name__}: "
-                                  f"{error})") from error
-        if not isinstance(model, nn.Module) or not _same(_signature(model), self.signature):
+        model, keys = _on_meta(self.model_factory, config)
+        if not _same(_signature(model), self.signature):
             raise NotFromTemplate("the configuration builds another architecture than the template's")
-        keys = None if seen.read is None else frozenset(seen.read)
         self.checked.append((keys, _values(config, keys)))
 
     def member_tensors(self, seed: int) -> dict[str, Tensor]:
-        """The tensors of the member of ``seed`` (qualified names; read them before the next call): torch seeded
-        with ``seed`` (``torch.manual_seed``), then the shrunk layers drawn."""
-        torch.manual_seed(seed)
+        """The tensors of the member of ``seed`` (qualified names; read them before the next call): torch's CPU
+        generator seeded with ``seed``, then the shrunk layers drawn."""
+        torch.default_generator.manual_seed(seed)
         return _rebuilt_tensors(self.recipe)
+
+
+def _on_meta(model_factory: Callable[[Mapping], nn.Module], config: Mapping) -> tuple[nn.Module, frozenset | None]:
+    """``model_factory(config)`` built on the meta device (torch's RNG is left as it was), and the configuration
+    keys it read (``None``: all). Raises :class:`NotFromTemplate` where it cannot run there."""
+    seen = _ReadKeys(config)
+    try:
+        with guards_skipped([DeviceContext.__torch_function__]), torch.random.fork_rng(devices=[]), \
+                torch.device("meta"):
+            model = model_factory(seen)  # (guards_skipped: the mode needs no torch._dynamo before it loads)
+    except Exception as error:  # a factory may need real values (data-dependent initialisation): plain build
+        raise NotFromTemplate(f"the model factory does not run on the meta device ({type(error).__name__}: "
+                              f"{error})") from error
+    if not isinstance(model, nn.Module):
+        raise NotFromTemplate(f"the model factory returned a {type(model).__name__}, not an nn.Module")
+    return model, None if seen.read is None else frozenset(seen.read)
 
 
 def _values(config: Mapping, keys: frozenset | None) -> list:
@@ -244,4 +254,7 @@ def fused_surrogates(model_factory: Callable[[Mapping], nn.Module], configs: Seq
         for i, seed in enumerate(seeds):
             for name, tensor in template.member_tensors(seed).items():
                 stacked[name][i].copy_(tensor)
+    after = torch.get_rng_state()
+    torch.manual_seed(seeds[-1])  # every device's generator as the last member's seeding left it
+    torch.set_rng_state(after)
     return fused, template.recipe.surrogate
