@@ -5,8 +5,8 @@ In one process, interleaved round by round (so machine load hits every variant a
   full      one full-size ResNet-18 built by the workload's factory (the unit of the ratio);
   template  the fused members of one trial (``--members`` µP surrogates at ``--scale``) as ``FusedMembers`` builds
             them, from the process's shrunk template of that architecture and scale;
-  plain     the same members built one by one (seeded full-size initialisation, shrink, fuse): what a template
-            replaces and must equal bit for bit (checked here too).
+  plain     the same members built one by one (``build_member``: the seeded full-size model, shrunk; fused): what a
+            template replaces and must equal bit for bit (checked here too).
 The first template build of the process also makes (and checks) the template; it is reported apart ("cold").
 Prints a table and writes ``benchmarks/results/setup_cost.json`` with the load average (``uptime``) before and after.
 

@@ -99,15 +99,41 @@ def fuse_template(template: nn.Module, num_members: int, *, leaf_modules: Iterab
     ``template``: every member holds ``template``'s tensors (parameters keep their attributes, e.g. µP shapes),
     to be overwritten with each member's own (``all_tensors(fused)[name][i]``). For members known to share one architecture
     (e.g. built from one template), where :func:`fuse` would trace and compare every member."""
-    if not isinstance(template, nn.Module) or isinstance(num_members, bool) or not isinstance(num_members, int) \
-            or num_members < 1:
-        raise FuseError(f"hydro.binder.fuse_template: needs an nn.Module and num_members >= 1, got "
-                        f"{type(template).__name__} and {num_members!r}")
+    _check_member_count(num_members, "hydro.binder.fuse_template")
+    return trace_template(template, leaf_modules=leaf_modules).fuse(num_members)
+
+
+def _check_member_count(num_members: int, owner: str) -> None:
+    if isinstance(num_members, bool) or not isinstance(num_members, int) or num_members < 1:
+        raise FuseError(f"{owner}: needs num_members >= 1, got {num_members!r}")
+
+
+@dataclass(frozen=True)
+class TracedTemplate:
+    """One member architecture traced for fusing (:func:`trace_template`), for any number of members."""
+
+    template: nn.Module
+    traced: _Traced
+    tracer_leaves: tuple[type[nn.Module], ...]
+    per_member: dict[str, str]
+
+    def fuse(self, num_members: int) -> FusedModel:
+        """As :func:`fuse_template` (``template`` itself is not traced again)."""
+        _check_member_count(num_members, "hydro.binder.TracedTemplate.fuse")
+        return _build([self.template] * num_members, self.traced,
+                      _leaf_predicate(self.tracer_leaves, frozenset(self.per_member)), self.per_member,
+                      fused_inputs=False)
+
+
+def trace_template(template: nn.Module, *, leaf_modules: Iterable[type[nn.Module]] = ()) -> TracedTemplate:
+    """``template`` traced once for :func:`fuse_template` (its ``fuse(n)`` fuses ``n`` members of it: the members
+    hold ``template``'s tensors as they are at that call)."""
+    if not isinstance(template, nn.Module):
+        raise FuseError(f"hydro.binder.trace_template: needs an nn.Module, got {type(template).__name__}")
     _check_no_hooks(template, 0)
     tracer_leaves = leaf_module_types(leaf_modules, "hydro.fuse")
     traced, per_member = _trace_until_stateless(template, tracer_leaves)
-    return _build([template] * num_members, traced, _leaf_predicate(tracer_leaves, frozenset(per_member)),
-                  per_member, fused_inputs=False)
+    return TracedTemplate(template, traced, tracer_leaves, per_member)
 
 
 def leaf_module_types(leaf_modules: Iterable[type[nn.Module]], owner: str) -> tuple[type[nn.Module], ...]:
@@ -564,7 +590,8 @@ def _make_twin(fused: FusedModel, path: str, modules: list[nn.Module]) -> nn.Mod
 def _build(models: list[nn.Module], traced: _Traced, is_leaf, per_member: dict[str, str],
            fused_inputs: bool) -> FusedModel:
     fused = FusedModel(len(models))
-    member_tensors = [all_tensors(m) for m in models]
+    distinct = {id(m): all_tensors(m) for m in models}  # (one model F times: fuse_template)
+    member_tensors = [distinct[id(m)] for m in models]
 
     def stack(name: str, tensor: Tensor) -> Tensor:
         return torch.stack([t[name].detach() for t in member_tensors])
@@ -572,7 +599,7 @@ def _build(models: list[nn.Module], traced: _Traced, is_leaf, per_member: dict[s
     def leaf(path: str, child: nn.Module) -> nn.Module | None:
         if not is_leaf(child, path):
             return None
-        modules = [m.get_submodule(path) for m in models]
+        modules = [child] * len(models) if len(distinct) == 1 else [m.get_submodule(path) for m in models]
         if path not in per_member:
             return _make_twin(fused, path, modules)
         twin = VmapModule(modules[0], len(models), mode="loop")
@@ -600,6 +627,7 @@ def _graphs_by_mode(traced: _Traced) -> tuple[dict[bool, torch.fx.Graph], dict[s
     if _graph_signature(train) == _graph_signature(evaluate) and train_constants.keys() == eval_constants.keys() \
             and all(_same_values(v, eval_constants[k]) for k, v in train_constants.items()):
         return {True: train, False: train}, train_constants
+    evaluate = copy.deepcopy(evaluate)  # renamed below; a traced template's graph is fused again
     for node in evaluate.nodes:
         if node.op == "get_attr" and node.target in eval_constants:
             node.target = "_eval" + node.target

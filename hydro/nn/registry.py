@@ -101,9 +101,13 @@ def fuse_layer(modules: list[nn.Module]) -> tuple[nn.Module, str | None]:
 @torch.no_grad()
 def load_stacked(dst: nn.Module, members: list[nn.Module]) -> None:
     """Copy the members' tensors, stacked, into ``dst`` (same names); parameters keep their attributes."""
-    sources = [all_tensors(m) for m in members]
+    distinct = {id(m): all_tensors(m) for m in members}
+    sources = [distinct[id(m)] for m in members]
     for name, tensor in all_tensors(dst).items():
-        tensor.copy_(torch.stack([src[name].detach() for src in sources]))
+        if len(distinct) == 1:  # one module F times: its tensors broadcast
+            tensor.copy_(sources[0][name].detach().unsqueeze(0).expand_as(tensor))
+        else:
+            tensor.copy_(torch.stack([src[name].detach() for src in sources]))
         if isinstance(tensor, nn.Parameter):
             tensor.requires_grad_(sources[0][name].requires_grad)
             tensor.__dict__.update(sources[0][name].__dict__)  # e.g. µP shape information

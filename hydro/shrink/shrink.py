@@ -70,6 +70,23 @@ class ShrinkRecipe:
         return {f"{path}.{name}" for path, _, _, _ in self.layers
                 for name in _all_tensor_names(self.surrogate.get_submodule(path))}
 
+    def materialised(self, device: torch.device | str) -> ShrinkRecipe:
+        """The recipe of a model shrunk on the meta device, on ``device``: the surrogate's parameters and buffers
+        become zeros there (in place: parameters keep their class and attributes, e.g. µP shapes), and
+        :meth:`rebuild` builds the layers there. Draws no random numbers."""
+        for module in self.surrogate.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None:
+                    real = type(param)(torch.zeros(param.shape, dtype=param.dtype, device=device), param.requires_grad)
+                    real.__dict__.update(param.__dict__)
+                    setattr(module, name, real)
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    module._buffers[name] = torch.zeros(buffer.shape, dtype=buffer.dtype, device=device)
+        return ShrinkRecipe(self.surrogate, self.scale, tuple(
+            (path, layer, sizes, dataclasses.replace(ctx, device=torch.device(device)))
+            for path, layer, sizes, ctx in self.layers))
+
     @torch.no_grad()
     def rebuild(self) -> dict[str, nn.Module]:
         """The rebuilt layers built again by path (``scale > 1``): torch's initialisation at the shrunk sizes, then

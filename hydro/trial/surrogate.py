@@ -1,31 +1,28 @@
 """The one place that builds member models: the user's full-size model, or its µP version (Model Shrinker); and
 the µP members of one fused trial at once, from one shrunk template per architecture and scale.
 
-A member is seeded, built at full size by the user's factory (its initialisation draws from torch's RNG) and
-shrunk (the shrunk layers draw again). :class:`SurrogateTemplate` gives the same members bit for bit without
-initialising a full-size model or tracing each member: per member, the factory runs on the meta device (no
-tensors) while its random draws are recorded, the draws are replayed on a scratch buffer (the RNG advances
-exactly as the full-size initialisation advances it), and only the shrunk layers are built and copied into
-the fused model. A template checks this once against a member built the plain way and is used only where
-the two agree exactly (and where every tensor of the surrogate belongs to a shrunk layer).
+A µP surrogate (scale > 1) draws only the random numbers it keeps. Its shrunk layers are built anew at their own
+sizes (torch's initialisation, then µP's rescaling; :func:`hydro.shrink`), and where every tensor of the surrogate
+belongs to such a layer they draw first from torch's RNG as it was when the member's build began (its seed): the
+full-size model's initialisation, which the surrogate does not use, is undone. Where the surrogate takes tensors
+from the full-size model (parameters sliced in ``forward``, layers without a width kept as they are), the full-size
+model draws first and the shrunk layers after it. :class:`SurrogateTemplate` builds members of the first kind
+without initialising a full-size model or tracing each member: the factory runs on the meta device (no tensors)
+once per distinct value of the configuration keys it reads, only to check the architecture, and only the shrunk
+layers are built and copied into the fused model.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils._device import DeviceContext
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
-from hydro.binder import FusedModel, fuse_template
+from hydro.binder import FusedModel, TracedTemplate, trace_template
 from hydro.nn.registry import all_tensors
 from hydro.optim.dynamo_guard import guards_skipped
-from hydro.shrink import shrink
 from hydro.shrink.shrink import ShrinkRecipe, shrink_recipe
 
 logger = logging.getLogger(__name__)
@@ -37,97 +34,40 @@ def build_member(model_factory: Callable[[Mapping], nn.Module], config: Mapping,
     ``scale`` via ``hydro.shrink``. ``mup`` defaults to ``scale > 1``; ``scale=1, mup=True`` is the full-size
     target of a surrogate run: the model as written (same parameters and function) with the µP shapes through
     which the surrogates' hyperparameters transfer (every multiplier 1). ``shrink_options``: keywords for
-    ``hydro.shrink`` (``TuneSpec.shrink_options()``)."""
+    ``hydro.shrink`` (``TuneSpec.shrink_options()``).
+
+    Random draws (torch's CPU RNG as of the call): the model's own initialisation, then at ``scale > 1`` the shrunk
+    layers'; except where the surrogate keeps no tensor of the full-size model: then its shrunk layers draw from
+    the RNG as of the call and the full-size initialisation's draws are undone (the RNG is left after the shrunk
+    layers' draws)."""
     if scale < 1:
         raise ValueError(f"scale must be >= 1 (1 = full size), got {scale}")
+    start = torch.get_rng_state()
     model = model_factory(config)
     if not (scale > 1 if mup is None else mup):
         if scale != 1:
             raise ValueError(f"scale={scale} shrinks the model, which needs µP (mup=True)")
         return model
-    return shrink(model, scale, **(shrink_options or {}))
+    recipe = shrink_recipe(model, scale, **(shrink_options or {}))
+    if scale > 1 and _only_rebuilt(recipe):
+        torch.set_rng_state(start)
+        tensors = all_tensors(recipe.surrogate)
+        with torch.no_grad():
+            for name, value in _rebuilt_tensors(recipe).items():
+                tensors[name].copy_(value)
+    return recipe.surrogate
 
 
-@dataclass(frozen=True)
-class _TensorSpec:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
+def _only_rebuilt(recipe: ShrinkRecipe) -> bool:
+    """Whether every tensor of the recipe's surrogate belongs to a rebuilt (shrunk) layer."""
+    return recipe.rebuilt_tensor_names() == set(all_tensors(recipe.surrogate))
 
 
-_RandomOp = tuple[torch._ops.OpOverload, tuple, dict]
-
-
-class _RandomDraws(TorchDispatchMode):
-    """Records the random operations (``nondeterministic_seeded`` aten ops) run inside, tensors as their specs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[_RandomOp] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            spec = lambda v: _TensorSpec(tuple(v.shape), v.dtype) if isinstance(v, Tensor) else v  # noqa: E731
-            self.ops.append((func, tree_map(spec, args), tree_map(spec, kwargs)))
-        return func(*args, **kwargs)
-
-
-class _Scratch:
-    """Replays recorded random draws on the CPU: uniform draws of float32 tensors (one 32-bit Mersenne Twister
-    output per element) advance torch's generator state directly, other draws run again on scratch buffers."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[torch.dtype, Tensor] = {}
-
-    def tensor(self, spec: _TensorSpec) -> Tensor:
-        numel = torch.Size(spec.shape).numel()
-        buffer = self.buffers.get(spec.dtype)
-        if buffer is None or buffer.numel() < numel:
-            buffer = self.buffers[spec.dtype] = torch.empty(numel, dtype=spec.dtype)
-        return buffer[:numel].view(spec.shape)
-
-    def replay(self, ops: Sequence[_RandomOp]) -> None:
-        """Run ``ops`` again on the CPU: torch's global RNG advances as it did when they were recorded."""
-        def real(value):
-            if isinstance(value, _TensorSpec):
-                return self.tensor(value)
-            return torch.device("cpu") if isinstance(value, torch.device) else value
-
-        pending = 0  # uniform float32 draws not yet applied
-        for func, args, kwargs in ops:
-            if func is torch.ops.aten.uniform_.default and args[0].dtype == torch.float32:
-                pending += torch.Size(args[0].shape).numel()
-                continue
-            _advance_mt19937(pending)
-            pending = 0
-            kwargs = {k: ("cpu" if k == "device" else v) for k, v in tree_map(real, kwargs).items()}
-            func(*tree_map(real, args), **kwargs)
-        _advance_mt19937(pending)
-
-
-# torch's CPU generator state (CPUGeneratorImplState): int32 `left` at byte 8, uint64 `next` at 16, then the
-# Mersenne Twister's 624 words, one per uint64.
-_LEFT, _NEXT, _KEY, _WORDS = 8, 16, 24, 624
-
-
-def _advance_mt19937(draws: int) -> None:
-    """Advance torch's CPU generator by ``draws`` 32-bit outputs (numpy's Mersenne Twister is the same generator,
-    several times faster at skipping outputs than torch at drawing them)."""
-    if not draws:
-        return
-    state = torch.get_rng_state().numpy().copy()
-    left = int(state[_LEFT:_LEFT + 4].view(np.int32)[0])
-    position = _WORDS if left == 1 else int(state[_NEXT:_NEXT + 8].view(np.uint64)[0])
-    generator = np.random.MT19937()
-    generator.state = {"bit_generator": "MT19937", "state": {
-        "key": state[_KEY:_KEY + 8 * _WORDS].view(np.uint64).astype(np.uint32), "pos": position}}
-    generator.random_raw(draws, output=False)
-    after = generator.state["state"]
-    state[_KEY:_KEY + 8 * _WORDS] = after["key"].astype(np.uint64).view(np.uint8)
-    position = int(after["pos"])
-    state[_LEFT:_LEFT + 4] = np.array([1 if position == _WORDS else _WORDS + 1 - position], np.int32).view(np.uint8)
-    state[_NEXT:_NEXT + 8] = np.array([position], np.uint64).view(np.uint8)
-    torch.set_rng_state(torch.from_numpy(state))
+def _rebuilt_tensors(recipe: ShrinkRecipe) -> dict[str, Tensor]:
+    """The recipe's shrunk layers drawn again from torch's RNG, as tensors by qualified name (read them before the
+    next call: layers are reset in place)."""
+    return {f"{path}.{name}": tensor for path, layer in recipe.rebuild().items()
+            for name, tensor in all_tensors(layer).items()}
 
 
 class _ReadKeys(dict):
@@ -170,9 +110,24 @@ for _name in ("__iter__", "keys", "items", "values", "__eq__", "__ne__", "__repr
 
 
 def _signature(model: nn.Module) -> list[tuple]:
-    """A model's architecture as far as building members goes: module types, tensor names, shapes and dtypes."""
-    return [(path, type(module)) for path, module in model.named_modules()] + \
+    """A model's architecture as far as building members goes: per module its type, ``extra_repr`` and plain
+    attributes (e.g. a dropout probability, read in ``forward``), then tensor names, shapes and dtypes."""
+    return [(path, type(module), module.extra_repr(), _settings(module)) for path, module in model.named_modules()] + \
         [(name, tuple(t.shape), t.dtype) for name, t in all_tensors(model).items()]
+
+
+def _settings(module: nn.Module) -> list[tuple[str, object]]:
+    """A module's public attributes that are neither tensors nor modules, by name."""
+    return sorted(((k, v) for k, v in vars(module).items() if not k.startswith("_")
+                   and not isinstance(v, (Tensor, nn.Module))), key=lambda item: item[0])
+
+
+def _same(a: list[tuple], b: list[tuple]) -> bool:
+    """``a == b``, false where comparing raises (e.g. an array-valued attribute)."""
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 (any value's __eq__ may raise)
+        return False
 
 
 class NotFromTemplate(Exception):
@@ -183,76 +138,75 @@ class NotFromTemplate(Exception):
 class SurrogateTemplate:
     """One µP surrogate architecture (a factory, a group of configurations, a scale), shrunk once.
 
-    ``recipe``: how ``hydro.shrink`` built it; ``signature``: the full-size model's architecture. Members come
-    out bit for bit as ``build_member`` builds them after ``torch.manual_seed`` of their seed."""
+    ``recipe``: how ``hydro.shrink`` built it (every tensor of its surrogate in a shrunk layer); ``signature``: the
+    full-size model's architecture. Members come out bit for bit as ``build_member`` builds them after
+    ``torch.manual_seed`` of their seed."""
 
     def __init__(self, model_factory: Callable[[Mapping], nn.Module], recipe: ShrinkRecipe,
                  signature: list[tuple]) -> None:
         self.model_factory, self.recipe, self.signature = model_factory, recipe, signature
-        self.scratch = _Scratch()
-        self.recorded: list[tuple[frozenset | None, list, list[_RandomOp]]] = []  # (keys read, their values, draws)
+        self.checked: list[tuple[frozenset | None, list]] = []  # (keys read, their values) of this architecture
+        self.traced: dict[tuple[type[nn.Module], ...], TracedTemplate] = {}  # by leaf modules
+
+    def fuse(self, num_members: int, leaf_modules: Sequence[type[nn.Module]]) -> FusedModel:
+        """``num_members`` members of this architecture fused (``hydro.binder.fuse_template``; traced once per
+        ``leaf_modules``), holding the template surrogate's values."""
+        key = tuple(leaf_modules)
+        if key not in self.traced:
+            self.traced[key] = trace_template(self.recipe.surrogate, leaf_modules=key)
+        return self.traced[key].fuse(num_members)
 
     @classmethod
-    def measure(cls, model_factory: Callable[[Mapping], nn.Module], config: Mapping, scale: int,
-                shrink_options: Mapping, seed: int) -> tuple[SurrogateTemplate | None, str]:
-        """The template of ``config``'s architecture at ``scale``, checked against the member of ``seed`` built
-        the plain way (``None`` where they differ or where the template cannot build members), and why no
-        template (``""`` when there is one). Torch's RNG is left as after the plain member."""
-        torch.manual_seed(seed)
-        full = model_factory(config)
-        after_full = torch.get_rng_state()
-        recipe = shrink_recipe(full, scale, **shrink_options)
-        after = torch.get_rng_state()
-        template = cls(model_factory, recipe, _signature(full))
-        member = recipe.surrogate
-        reason = ""
-        if recipe.rebuilt_tensor_names() != set(all_tensors(member)):
-            reason = "some of the surrogate's tensors are copied or sliced from the full-size model"
-        else:
-            try:
-                torch.manual_seed(seed)
-                template.advance(config)
-                if not torch.equal(torch.get_rng_state(), after_full):
-                    reason = "replaying the full-size initialisation's random draws does not advance the RNG alike"
-                else:
-                    rebuilt = template.member_tensors()
-                    same = torch.equal(torch.get_rng_state(), after) and all(
-                        t.dtype == rebuilt[name].dtype and torch.equal(t, rebuilt[name])
-                        for name, t in all_tensors(member).items())
-                    reason = "" if same else "the member built from the template differs from the plain one"
-            except NotFromTemplate as error:
-                reason = str(error)
-        torch.set_rng_state(after)
-        return (None if reason else template), reason
-
-    def advance(self, config: Mapping) -> None:
-        """Advance torch's RNG as ``model_factory(config)`` does, without building it: the factory's random draws
-        recorded on the meta device (once per distinct value of the configuration keys it reads) and replayed.
-        Raises :class:`NotFromTemplate` for another architecture or a factory that needs real tensors."""
-        for keys, values, ops in self.recorded:
-            if values == _values(config, keys):
-                self.scratch.replay(ops)
-                return
-        seen = _ReadKeys(config)
+    def make(cls, model_factory: Callable[[Mapping], nn.Module], config: Mapping, scale: int,
+             shrink_options: Mapping) -> tuple[SurrogateTemplate | None, str]:
+        """The template of ``config``'s architecture at ``scale`` (its full-size model built and shrunk on the meta
+        device: no random draws; the template's surrogate holds zeros), or ``None`` and why where members must be
+        built the plain way."""
         try:
-            with guards_skipped([DeviceContext.__torch_function__, _RandomDraws.__torch_dispatch__]), \
-                    torch.random.fork_rng(devices=[]), torch.device("meta"), _RandomDraws() as draws:
-                model = self.model_factory(seen)  # (guards_skipped: these modes need no torch._dynamo before it loads)
-        except Exception as error:  # a factory may need real values (data-dependent initialisation): plain build
-            raise NotFromTemplate(f"the model factory does not run on the meta device ({type(error).__name__}: "
-                                  f"{error})") from error
-        if not isinstance(model, nn.Module) or _signature(model) != self.signature:
-            raise NotFromTemplate("the configuration builds another architecture than the template's")
-        if any(isinstance(v, torch.Generator) for op in draws.ops for v in tree_flatten(op[1:])[0]):
-            raise NotFromTemplate("the model factory draws from its own torch.Generator")
-        keys = None if seen.read is None else frozenset(seen.read)
-        self.recorded.append((keys, _values(config, keys), draws.ops))
-        self.scratch.replay(draws.ops)
+            full, keys = _on_meta(model_factory, config)
+            recipe = shrink_recipe(full, scale, **shrink_options)
+        except NotFromTemplate as error:
+            return None, str(error)
+        except Exception as error:  # noqa: BLE001 (the plain build raises it again, or succeeds on real tensors)
+            return None, f"hydro.shrink fails on the meta device ({type(error).__name__}: {error})"
+        if not _only_rebuilt(recipe):
+            return None, "some of the surrogate's tensors are taken from the full-size model (sliced or kept as is)"
+        template = cls(model_factory, recipe.materialised("cpu"), _signature(full))
+        template.checked.append((keys, _values(config, keys)))
+        return template, ""
 
-    def member_tensors(self) -> dict[str, Tensor]:
-        """The shrunk layers' tensors of the member whose full-size draws were just replayed (qualified names)."""
-        return {f"{path}.{name}": tensor for path, layer in self.recipe.rebuild().items()
-                for name, tensor in all_tensors(layer).items()}
+    def check(self, config: Mapping) -> None:
+        """Raises :class:`NotFromTemplate` where ``model_factory(config)`` builds another architecture than the
+        template's, or cannot run on the meta device (it runs there once per distinct value of the configuration
+        keys it reads)."""
+        if any(values == _values(config, keys) for keys, values in self.checked):
+            return
+        model, keys = _on_meta(self.model_factory, config)
+        if not _same(_signature(model), self.signature):
+            raise NotFromTemplate("the configuration builds another architecture than the template's")
+        self.checked.append((keys, _values(config, keys)))
+
+    def member_tensors(self, seed: int) -> dict[str, Tensor]:
+        """The tensors of the member of ``seed`` (qualified names; read them before the next call): torch's CPU
+        generator seeded with ``seed``, then the shrunk layers drawn."""
+        torch.default_generator.manual_seed(seed)
+        return _rebuilt_tensors(self.recipe)
+
+
+def _on_meta(model_factory: Callable[[Mapping], nn.Module], config: Mapping) -> tuple[nn.Module, frozenset | None]:
+    """``model_factory(config)`` built on the meta device (torch's RNG is left as it was), and the configuration
+    keys it read (``None``: all). Raises :class:`NotFromTemplate` where it cannot run there."""
+    seen = _ReadKeys(config)
+    try:
+        with guards_skipped([DeviceContext.__torch_function__]), torch.random.fork_rng(devices=[]), \
+                torch.device("meta"):
+            model = model_factory(seen)  # (guards_skipped: the mode needs no torch._dynamo before it loads)
+    except Exception as error:  # a factory may need real values (data-dependent initialisation): plain build
+        raise NotFromTemplate(f"the model factory does not run on the meta device ({type(error).__name__}: "
+                              f"{error})") from error
+    if not isinstance(model, nn.Module):
+        raise NotFromTemplate(f"the model factory returned a {type(model).__name__}, not an nn.Module")
+    return model, None if seen.read is None else frozenset(seen.read)
 
 
 def _values(config: Mapping, keys: frozenset | None) -> list:
@@ -275,27 +229,32 @@ def fused_surrogates(model_factory: Callable[[Mapping], nn.Module], configs: Seq
     """The µP members of ``configs`` (one group: one architecture) at ``scale > 1``, fused, each bit for bit the
     member ``build_member`` builds after ``torch.manual_seed(seeds[i])`` (torch's RNG is left as after the last
     one), and the template's own member-shaped surrogate (its architecture and parameter names; its values are
-    not any member's); ``None`` where they must be built the plain way (no usable template). ``group``: the configurations'
-    group key; a template is made once per (factory, group, scale, options) in this process."""
+    not any member's); ``None`` where they must be built the plain way (no usable template). ``group``: the
+    configurations' group key; a template is made once per (factory, group, scale, options) in this process."""
     key = (model_factory, group, scale, tuple(sorted(shrink_options.items())))
     if key not in _TEMPLATES:
-        template, reason = SurrogateTemplate.measure(model_factory, configs[0], scale, shrink_options, seeds[0])
+        template, reason = SurrogateTemplate.make(model_factory, configs[0], scale, shrink_options)
         if reason:
             logger.info("members of group %s at scale %d are built one by one: %s", group, scale, reason)
         _TEMPLATES[key] = template
     template = _TEMPLATES[key]
     if template is None:
         return None
-    fused = fuse_template(template.recipe.surrogate, len(configs), leaf_modules=leaf_modules)
+    if len(seeds) != len(configs):
+        raise ValueError(f"fused_surrogates: {len(configs)} configurations but {len(seeds)} seeds")
+    for i, config in enumerate(configs):
+        try:
+            template.check(config)
+        except NotFromTemplate as error:
+            logger.info("member %d of group %s is built the plain way: %s", i, group, error)
+            return None
+    fused = template.fuse(len(configs), leaf_modules)
     stacked = all_tensors(fused)
     with torch.no_grad():
-        for i, (config, seed) in enumerate(zip(configs, seeds, strict=True)):
-            torch.manual_seed(seed)
-            try:
-                template.advance(config)
-            except NotFromTemplate as error:
-                logger.info("member %d of group %s is built the plain way: %s", i, group, error)
-                return None
-            for name, tensor in template.member_tensors().items():
+        for i, seed in enumerate(seeds):
+            for name, tensor in template.member_tensors(seed).items():
                 stacked[name][i].copy_(tensor)
+    after = torch.get_rng_state()
+    torch.manual_seed(seeds[-1])  # every device's generator as the last member's seeding left it
+    torch.set_rng_state(after)
     return fused, template.recipe.surrogate
