@@ -20,14 +20,11 @@ def test_energy_without_a_measurable_device_is_refused_before_ray_starts(workloa
     assert not ray.is_initialized()
 
 
-def test_energy_run_reports_energy_and_cost_per_member(workload_file, tmp_path, capsys):
+def test_energy_run_reports_energy_and_cost_per_member(ray_cluster, workload_file, tmp_path, capsys):
     path = workload_file
-    try:
-        assert main(["tune", "--workload", str(path), "--samples", "4", "--fusion", "2", "--scheduler", "none",
-                     "--storage", str(tmp_path / "runs"), "--name", "cli", "--energy", "--energy-devices",
-                     "simulated", "--energy-store", str(tmp_path / "energy.db"), "--energy-batch-sizes", "16", "32"]) == 0
-    finally:
-        ray.shutdown()
+    assert main(["tune", "--workload", str(path), "--samples", "4", "--fusion", "2", "--scheduler", "none",
+                 "--storage", str(tmp_path / "runs"), "--name", "cli", "--energy", "--energy-devices",
+                 "simulated", "--energy-store", str(tmp_path / "energy.db"), "--energy-batch-sizes", "16", "32"]) == 0
     out = capsys.readouterr().out
     assert "energy_j" in out and "cost" in out
     table = pd.read_csv(tmp_path / "runs" / "cli" / "hydro_members.csv")

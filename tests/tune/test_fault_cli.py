@@ -56,21 +56,16 @@ def test_joining_a_cluster_without_authentication_warns_and_a_refused_join_is_on
                                 "~/.ray/auth_token or $RAY_AUTH_TOKEN")
 
 
-def test_no_target_then_resume_on_the_command_line(workload_file, tmp_path, capsys):
+def test_no_target_then_resume_on_the_command_line(ray_cluster, workload_file, tmp_path, capsys):
     import json
-
-    import ray
 
     from hydro.cli import main
 
     common = ["tune", "--workload", str(workload_file), "--scheduler", "none", "--storage", str(tmp_path / "runs")]
-    try:
-        assert main([*common, "--samples", "2", "--fusion", "2", "--no-target", "--name", "search"]) == 0
-        best = json.loads((tmp_path / "runs" / "search" / "hydro_best.json").read_text())
-        assert best["kind"] == "fused"  # a fused full-size member's (--scale 1)
-        (tmp_path / "runs" / "search" / "hydro_best.json").unlink()
-        assert main([*common, "--resume", str(tmp_path / "runs" / "search")]) == 0  # finished: its results again
-    finally:
-        ray.shutdown()
+    assert main([*common, "--samples", "2", "--fusion", "2", "--no-target", "--name", "search"]) == 0
+    best = json.loads((tmp_path / "runs" / "search" / "hydro_best.json").read_text())
+    assert best["kind"] == "fused"  # a fused full-size member's (--scale 1)
+    (tmp_path / "runs" / "search" / "hydro_best.json").unlink()
+    assert main([*common, "--resume", str(tmp_path / "runs" / "search")]) == 0  # finished: its results again
     assert json.loads((tmp_path / "runs" / "search" / "hydro_best.json").read_text()) == best
     assert "the run ended without its full-size target" not in capsys.readouterr().err

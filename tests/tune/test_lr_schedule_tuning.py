@@ -2,7 +2,6 @@
 workload file and through the Python API (``fit``), surrogates and the full-size target alike."""
 import json
 
-import ray
 import torch
 
 from hydro.cli import main
@@ -10,12 +9,9 @@ from hydro.tune.run import fit
 from tests.tune.workload import SPACE, spec
 
 
-def test_hydro_tune_runs_a_workload_with_a_warmup_cosine_schedule(workload_file, tmp_path, capsys):
-    try:
-        assert main(["tune", "--workload", f"{workload_file}:warmup_cosine", "--samples", "3", "--fusion", "3",
-                     "--scheduler", "none", "--storage", str(tmp_path / "runs"), "--name", "sched"]) == 0
-    finally:
-        ray.shutdown()
+def test_hydro_tune_runs_a_workload_with_a_warmup_cosine_schedule(ray_cluster, workload_file, tmp_path, capsys):
+    assert main(["tune", "--workload", f"{workload_file}:warmup_cosine", "--samples", "3", "--fusion", "3",
+                 "--scheduler", "none", "--storage", str(tmp_path / "runs"), "--name", "sched"]) == 0
     out = capsys.readouterr().out
     assert "best configuration (target, val_acc = " in out
     assert json.loads((tmp_path / "runs" / "sched" / "hydro_best.json").read_text())["kind"] == "target"

@@ -94,12 +94,9 @@ def test_an_unsupported_optimizer_fails_once_before_ray_starts(workload_file, tm
     assert "Traceback" not in err
 
 
-def test_every_member_failing_ends_with_one_summary_and_exit_code_1(workload_file, tmp_path, capsys):
-    try:
-        code = main(["tune", "--workload", f"{workload_file}:diverging", "--samples", "4", "--fusion", "2",
-                     "--storage", str(tmp_path / "runs"), "--name", "nan"])
-    finally:
-        ray.shutdown()
+def test_every_member_failing_ends_with_one_summary_and_exit_code_1(ray_cluster, workload_file, tmp_path, capsys):
+    code = main(["tune", "--workload", f"{workload_file}:diverging", "--samples", "4", "--fusion", "2",
+                 "--storage", str(tmp_path / "runs"), "--name", "nan"])
     captured = capsys.readouterr()
     assert code == 1
     assert "hydro tune: hydro: no member ended with a finite objective (every member diverged: NaN or inf)" in captured.err
@@ -137,15 +134,12 @@ def test_transfer_options_default_to_the_policy_and_the_flags_set_them():
         min_agreement=0.3)
 
 
-def test_transfer_flags_reach_the_run(workload_file, tmp_path, capsys, caplog):
+def test_transfer_flags_reach_the_run(ray_cluster, workload_file, tmp_path, capsys, caplog):
     """With ``--scale auto``: the user's 64-16-10 net shrinks only to S=2 (16/4 is below the minimum width 8)."""
-    try:
-        with caplog.at_level("INFO", logger="hydro"):
-            assert main(["tune", "--workload", str(workload_file), "--samples", "3", "--fusion", "3", "--scheduler",
-                         "none", "--scale", "auto", "--no-ladder", "--top-k", "2", "--storage", str(tmp_path / "runs"),
-                         "--name", "top2"]) == 0
-    finally:
-        ray.shutdown()
+    with caplog.at_level("INFO", logger="hydro"):
+        assert main(["tune", "--workload", str(workload_file), "--samples", "3", "--fusion", "3", "--scheduler",
+                     "none", "--scale", "auto", "--no-ladder", "--top-k", "2", "--storage", str(tmp_path / "runs"),
+                     "--name", "top2"]) == 0
     assert "scale='auto': S=2 for the search on cpu (3 fused members, 1 threads)" in caplog.text
     assert "cannot shrink to S=8, S=4" in caplog.text
     assert "transfer stages after the search: 2 at full size" in caplog.text  # no ladder rung, 2 targets
