@@ -110,7 +110,8 @@ class HydroSearcher(Searcher):
             configuration and trained model written to the run directory at the end).
         placement: ``"elastic"``: each trial goes to the GPU type of the cluster's nodes on which it is predicted to
             finish first (:class:`~hydro.tune.placement.trial_placement.TrialPlacement`; its config asks for that
-            type); ``None``: Ray's resource request alone.
+            type); a :class:`~hydro.tune.placement.trial_placement.TrialPlacement` of this run's (``fit``'s, with
+            energy or bubbles); ``None``: Ray's resource request alone.
         **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``eta``, ``top_k``,
             ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
             ``probe_margin``, ``fallback_targets``): the width ladder, full-size targets, escalation and fallback
@@ -134,7 +135,7 @@ class HydroSearcher(Searcher):
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
                  seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1,
                  trial_resources: Mapping[str, float] | None = None, lost_trial_retries: int = 1,
-                 run_reporter: bool = True, placement: str | None = None, **transfer) -> None:
+                 run_reporter: bool = True, placement: str | TrialPlacement | None = None, **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         _check_arguments(searcher, scale, trial_cpus, trial_resources, lost_trial_retries, transfer)
         self.spec, self.trial_cpus, self._data, self._auto = spec, trial_cpus, data, scale == AUTO
@@ -152,9 +153,10 @@ class HydroSearcher(Searcher):
                                  trial_request={k.upper(): float(v) for k, v in (trial_resources or {}).items()})
         self._service, self._cluster, self._scheduler_checked = None, _RayCluster(self), False
         self._run_reporter, self._learn_resources = run_reporter, trial_resources is None
-        if placement is not None:
+        if isinstance(placement, str):
             check_placement(placement, spec, self._loaded_data())  # loaded once, for the placement's work too
-        self.placement = TrialPlacement(spec, self._data) if placement is not None else None
+            placement = TrialPlacement(spec, self._data)
+        self.placement = placement
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
