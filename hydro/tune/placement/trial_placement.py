@@ -23,7 +23,7 @@ import torch
 
 from hydro.profiling import fit_step_time_model, step_features
 from hydro.trial.data import DataSource
-from hydro.trial.plan import TrialKind, TrialPlan, plan_of
+from hydro.trial.plan import HYDRO_KEY, TrialKind, TrialPlan, plan_of
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
 from hydro.tune.placement.gpu_types import (PLACEMENT_KEY, TypeRequest, cluster_gpu_types, prior_type,
@@ -127,14 +127,19 @@ class TrialPlacement:
             held.pop(trial_id, None)
 
     def _record_energy(self, trial_id: str, result: Mapping, epochs: int, per_epoch: int, members: int) -> None:
-        """The energy windows of trial ``trial_id`` since its last report, for its type's energy model."""
+        """The energy windows of trial ``trial_id`` since its last report, for its type's energy model; its batch
+        size (and so its steps per epoch) as it trained: the energy bandit may have changed the one it was placed
+        with (the result's config has the trial's own)."""
+        batch = self._batch[trial_id]
+        if HYDRO_KEY in result.get("config", {}):
+            plan = plan_of(result["config"])
+            batch, per_epoch = self.spec.batch_size_of(plan.members[0][1]), self._steps_per_epoch(plan)
         train_s = float(result["train_s"])
         now = EpochEnergy(epochs, float(result["energy_j"]), float(result["time_s"]), train_s,
                           float(result.get("data_wait_fraction", 0.0)) * train_s)
         before = self._metered.get(trial_id, EpochEnergy(0, 0.0, 0.0, 0.0, 0.0))
         self._metered[trial_id] = now
-        self.energy.record(self.choices[trial_id].gpu, stage_windows(before, now, per_epoch, self._batch[trial_id],
-                                                                     members))
+        self.energy.record(self.choices[trial_id].gpu, stage_windows(before, now, per_epoch, batch, members))
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_data": None}  # loaded again where needed
