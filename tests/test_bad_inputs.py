@@ -500,8 +500,6 @@ CASES = [
     # placement on GPU types
     case("searcher-placement-unknown", lambda: searcher(placement="fastest"), ValueError,
          "placement must be None or one of ['elastic'], got 'fastest'"),
-    case("placement-with-bubbles", lambda: fit(spec(), SPACE, num_samples=2, placement="elastic", bubbles=True),
-         ValueError, "bubble filling runs them on the pipeline jobs' devices: use one of them"),
     case("placement-on-a-local-cluster-without-gpus", lambda: fit(spec(), SPACE, num_samples=2, placement="elastic"),
          ValueError, "the cluster Hydro starts on this machine has none (no GPU here)"),
     # --- energy and bubbles per stage (hydro.tune.pipeline.stage_energy, schedulers.pipeline_energy) -----------
@@ -641,8 +639,6 @@ CLI_CASES = [  # argparse's own errors first, then Hydro's (one line, exit code 
     # placement on GPU types
     case("placement-unknown", tune("--placement", "fastest"), "argparse",
          "argument --placement: invalid choice: 'fastest'"),
-    case("placement-with-bubbles", tune("--placement", "elastic", "--bubbles", "--address", "127.0.0.1:1"), "hydro",
-         "hydro tune: hydro: placement='elastic' (--placement elastic) places trials on GPU types of their own"),
     case("placement-on-a-local-cluster-without-gpus", tune("--placement", "elastic"), "hydro",
          "hydro tune: hydro: placement='elastic' (--placement elastic) places trials on the GPU types of a cluster"),
 ]

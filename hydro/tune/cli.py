@@ -110,8 +110,9 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
                              "sizes (docs/energy.md#energy-or-trials-per-stage)")
     parser.add_argument("--placement", choices=PLACEMENTS,
                         help="elastic: run each fused trial on the GPU type (nodes declaring hydro_gpu:<type> "
-                             "resources, or Ray's detected types) where it is predicted to finish first "
-                             "(docs/prediction-and-placement.md)")
+                             "resources, or Ray's detected types) where it is predicted to finish first; with "
+                             "--energy, of least predicted energy cost once each type has measured trials; with "
+                             "--bubbles, only the full-size targets (docs/prediction-and-placement.md)")
     parser.set_defaults(func=run)
 
 
@@ -259,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             check_storage(args.storage)
         data = prepare(spec, space, scale=args.scale, seed=args.seed)
-        check_placement(args.placement, spec, data, bubbles=args.bubbles, local_cluster=starts_local(args.address))
+        check_placement(args.placement, spec, data, local_cluster=starts_local(args.address))
     except ValueError as error:  # a WorkloadError too
         raise UsageError(f"hydro tune: {error}") from None
     with ray_output(args.verbose):

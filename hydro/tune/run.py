@@ -25,7 +25,7 @@ from hydro.tune.bubbles.service import write_stage_decisions
 from hydro.tune.energy.scheduler import check_batch_sizes, for_hydro
 from hydro.tune.bubbles.fill_trainable import bubble_fill
 from hydro.tune.placement.gpu_types import require_gpu_types
-from hydro.tune.placement.trial_placement import check_placement
+from hydro.tune.placement.trial_placement import TrialPlacement, check_placement
 from hydro.tune.search.progress import MemberProgress, show_progress
 from hydro.tune.cluster.output import ray_output
 from hydro.tune.search.random_search import RandomSearch
@@ -213,8 +213,10 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
     ``probe_margin``, ``fallback_targets``). ``placement="elastic"``: each trial runs on the GPU type of the
     cluster's nodes (declared as ``hydro_gpu:<type>`` resources, or detected) where it is predicted to finish
-    first (:mod:`hydro.tune.placement.trial_placement`), and the survivors of search trials of one fused group merge
-    into one trial when that frees a GPU (:mod:`hydro.tune.placement.trial_merging`).
+    first (:mod:`hydro.tune.placement.trial_placement`); with ``energy``, of least predicted energy cost once every
+    type's trials have measured it; the survivors of search trials of one fused group merge into one trial when
+    that frees a GPU (:mod:`hydro.tune.placement.trial_merging`); with ``bubbles``, only the full-size targets are
+    placed (the other trials fill the bubbles) and nothing merges.
     Raises ``ValueError`` (or ``TypeError``) before Ray starts for
     arguments that cannot work (:func:`check_arguments`, :func:`check_storage`, :func:`prepare`, ``HydroSearcher``'s own
     checks), and when
@@ -227,13 +229,15 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     # Keeping 2 checkpoints per trial makes Tune snapshot the experiment often; its warning about that is noise.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     data = data if data is not None else prepare(spec, param_space, scale=scale, seed=seed)
-    check_placement(placement, spec, data, bubbles=bubbles, local_cluster=not ray.is_initialized())
+    check_placement(placement, spec, data, local_cluster=not ray.is_initialized())
     in_trial = fusion == "auto" and gpus_per_trial > 0
     hydro_searcher = HydroSearcher(spec, searcher, num_samples=num_samples, scale=scale,  # checks its arguments
                                    fusion=max_fusion if in_trial else fusion,             # before Ray starts
                                    max_fusion=max_fusion, scheduler=scheduler, transfer_fraction=transfer_fraction,
                                    seed=seed, data=data, trial_cpus=max(1, int(cpus_per_trial)), run_reporter=False,
-                                   lost_trial_retries=max_failures, placement=placement,
+                                   lost_trial_retries=max_failures, placement=None if placement is None else
+                                   TrialPlacement(spec, data, energy_eta=None if energy is None else energy.eta,
+                                                  bubbles=bubbles),
                                    trial_resources={} if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
                                    **transfer)  # fill trials train in the bubbles of the jobs' own devices
     hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
@@ -249,7 +253,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
     if progress:
         show_progress()
     tuner = tune.Tuner(
-        bubble_fill(spec) if bubbles else
+        bubble_fill(spec, energy) if bubbles else
         trainable(spec, data, energy, cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
                   plan_fusion=in_trial, quiet=verbose < 2),
         param_space=param_space,
@@ -288,7 +292,7 @@ def resume(run_dir: str, spec: TuneSpec, *, data: tuple[DataSource, DataSource] 
     if not ray.is_initialized():
         with ray_output(verbose >= 2):
             start_local_cluster()
-    function = bubble_fill(spec) if bubbles else trainable(spec, data, energy, cpus_per_trial=cpus_per_trial,
+    function = bubble_fill(spec, energy) if bubbles else trainable(spec, data, energy, cpus_per_trial=cpus_per_trial,
                                                             gpus_per_trial=gpus_per_trial, plan_fusion=plan_fusion,
                                                             quiet=verbose < 2)
     tuner = tune.Tuner.restore(run_dir, function, resume_errored=True)

@@ -41,10 +41,11 @@ class PlacedTrial:
 
 @dataclass(frozen=True)
 class Choice:
-    """Where a trial goes: ``gpu``, and per type its predicted finish (seconds from now)."""
+    """Where a trial goes: ``gpu``, and per type its predicted finish (seconds from now) and step (seconds)."""
 
     gpu: str
     finish_s: Mapping[str, float]
+    step_s: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -82,14 +83,20 @@ class PredictedFinish:
                              f">= 0; got steps={steps}, members={members}, work_per_member={work_per_member}, "
                              f"overhead_s={overhead_s}")
         trial = PlacedTrial("", work_per_member, overhead_s, members, steps)
-        options = {}
+        options, step = {}, {}
         for gpu in self.types:
-            run = steps * self.step_seconds(gpu, trial)
-            options[gpu] = (self._available_s(gpu) + run, run, gpu)
+            step[gpu] = self.step_seconds(gpu, trial)
+            options[gpu] = (self._available_s(gpu) + steps * step[gpu], steps * step[gpu], gpu)
         best = min(options.values())[2]
         trial.gpu = best
         self.trials[key] = trial
-        return Choice(best, {gpu: option[0] for gpu, option in options.items()})
+        return Choice(best, {gpu: option[0] for gpu, option in options.items()}, step)
+
+    def move(self, key: str, gpu: str) -> None:
+        """Count trial ``key`` (given a type by :meth:`choose`) as holding ``gpu`` instead (another rule chose)."""
+        if gpu not in self.types:
+            raise ValueError(f"PredictedFinish.move: unknown GPU type {gpu!r}; the types are {sorted(self.types)}")
+        self.trials[key].gpu = gpu
 
     def progress(self, key: str, done: int, members: int, seconds_per_step: float | None = None) -> None:
         """Trial ``key`` has done ``done`` steps and has ``members`` live members now; ``seconds_per_step``: its

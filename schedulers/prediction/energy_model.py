@@ -10,7 +10,8 @@ Stage time per step (per device, the stages run one after the other):
   and per-hop latency; zero on one device).
 
 Coefficients are non-negative (NNLS). A stage's power per device is the time-weighted mean of its windows
-(``joules / (devices · seconds)``); its energy is ``devices × power × time``.
+(``joules / (devices · seconds)``); its energy is ``devices × power × time``. A model fitted on windows of one
+device only (e.g. a tuning run's single-GPU trials) has no communication fit and predicts one device only.
 """
 from __future__ import annotations
 
@@ -74,11 +75,12 @@ class EnergyPrediction:
 class EnergyModel:
     """The three stage fits of one device type (see the module docstring)."""
 
-    def __init__(self, fits: Mapping[Stage, StageFit]) -> None:
-        missing = [s.value for s in Stage if s not in fits]
+    def __init__(self, fits: Mapping[Stage, StageFit], single_device: bool = False) -> None:
+        missing = [s.value for s in Stage if s not in fits and not (single_device and s is Stage.COMMUNICATE)]
         if missing:
             raise ValueError(f"EnergyModel: no fit for stage(s) {missing}; measure windows of every stage")
         self.fits = dict(fits)
+        self.single_device = single_device and Stage.COMMUNICATE not in fits
 
     @classmethod
     def fit(cls, windows: Iterable[StageWindow]) -> EnergyModel:
@@ -93,7 +95,8 @@ class EnergyModel:
             raise ValueError("EnergyModel.fit: communication windows need more than one device")
         if comm:
             by_stage[Stage.COMMUNICATE] = comm
-        return cls({stage: _fit_stage(stage, rows) for stage, rows in by_stage.items()})
+        single = bool(by_stage) and all(w.devices == 1 for rows in by_stage.values() for w in rows)
+        return cls({stage: _fit_stage(stage, rows) for stage, rows in by_stage.items()}, single_device=single)
 
     def predict(self, devices: int, global_batch: int, gradient_bytes: float, steps: int,
                 compute_seconds: float | None = None) -> EnergyPrediction:
@@ -102,6 +105,9 @@ class EnergyModel:
         if devices < 1 or steps < 0 or global_batch < devices:
             raise ValueError(f"EnergyModel.predict: needs devices >= 1, steps >= 0, global_batch >= devices; got "
                              f"devices={devices}, steps={steps}, global_batch={global_batch}")
+        if devices > 1 and self.single_device:
+            raise ValueError(f"EnergyModel.predict: fitted on windows of one device only, it cannot predict the "
+                             f"communication of {devices} devices; fit it on windows of several devices too")
         per_device = global_batch / devices
         seconds, joules = {}, {}
         for stage, fit in self.fits.items():
@@ -110,16 +116,22 @@ class EnergyModel:
                 step = compute_seconds
             seconds[stage] = steps * step
             joules[stage] = devices * fit.power_w * seconds[stage]
+        if self.single_device:  # one device: nothing to communicate
+            seconds[Stage.COMMUNICATE] = joules[Stage.COMMUNICATE] = 0.0
         return EnergyPrediction(devices, seconds, joules)
 
 
 def rank_placements(models: Mapping[str, EnergyModel], options: Sequence[tuple[str, int]], global_batch: int,
-                    gradient_bytes: float, steps: int) -> list[tuple[str, int, EnergyPrediction]]:
-    """Placements ``(device type, devices)`` ordered by predicted energy, least first."""
+                    gradient_bytes: float, steps: int, compute_seconds: Mapping[str, float] | None = None,
+                    ) -> list[tuple[str, int, EnergyPrediction]]:
+    """Placements ``(device type, devices)`` ordered by predicted energy, least first; ``compute_seconds``: per
+    device type, the computing stage's per-step seconds where known (e.g. from the step-time model)."""
     unknown = sorted({t for t, _ in options} - set(models))
     if unknown:
         raise ValueError(f"rank_placements: no energy model for device type(s) {unknown}; fit one from its windows")
-    ranked = [(t, n, models[t].predict(n, global_batch, gradient_bytes, steps)) for t, n in options]
+    compute_seconds = compute_seconds or {}
+    ranked = [(t, n, models[t].predict(n, global_batch, gradient_bytes, steps, compute_seconds.get(t)))
+              for t, n in options]
     return sorted(ranked, key=lambda row: row[2].total_joules)
 
 

@@ -35,10 +35,13 @@ from hydro.bubbles.fill_process import RAISED, EpochResult, FailureKind, FillFai
 from hydro.bubbles.fit import member_bytes
 from hydro.bubbles.gate import UnitNeverFits
 from hydro.trial.plan import TrialKind, TrialPlan
+from hydro.energy.tuning import EnergySettings
 from hydro.trial.spec import TuneSpec
 from hydro.tune.bubbles.service import SERVICE_NAME, unit_key
+from hydro.tune.placement.gpu_types import PLACEMENT_KEY
 from hydro.tune.pipeline.job import pickled_workload
 from hydro.tune.search.session import MemberSession, TrialFailed, TrialLost
+from hydro.tune.search.trainable import run_trial
 
 logger = logging.getLogger(__name__)
 
@@ -270,16 +273,31 @@ class _Proxy:
         unit.slot, unit.host, unit.result, unit.status = None, None, None, None
 
 
-def bubble_fill(spec: TuneSpec):
+def bubble_fill(spec: TuneSpec, energy: EnergySettings | None = None):
     """:func:`bubble_trainable` with the small resources of a proxy; refuses to start without a placement
-    service (nothing would host the trials)."""
+    service (nothing would host the trials). A trial whose config carries a GPU type (``placement="elastic"``
+    places a bubbles run's targets) trains as an ordinary Hydro trial instead
+    (:func:`~hydro.tune.search.trainable.run_trial`, measured with ``energy``), on 1 CPU and one GPU of that type."""
     try:
         ray.get_actor(SERVICE_NAME)
     except ValueError:
         raise RuntimeError("hydro.tune: bubbles=True needs the cluster's placement service with slots: register a "
                            "pipeline job (PipelineJob.register(placement_service())) and/or start_dedicated_hosts() "
                            "first") from None
-    return tune.with_resources(bubble_trainable(spec), {"cpu": 0.01})
+    fill = bubble_trainable(spec)
+
+    def hydro_bubble_trial(config: dict) -> None:
+        if PLACEMENT_KEY in config:
+            run_trial(spec, config, energy=energy)
+        else:
+            fill(config)
+
+    def trial_request(config: dict) -> tune.PlacementGroupFactory:
+        if PLACEMENT_KEY in config:
+            return tune.PlacementGroupFactory([{"CPU": 1.0, **dict(config[PLACEMENT_KEY].resources)}])
+        return tune.PlacementGroupFactory([{"CPU": 0.01}])
+
+    return tune.with_resources(hydro_bubble_trial, trial_request)
 
 
 def run_bubble_trial(spec: TuneSpec, config: dict, poll_s: float) -> None:

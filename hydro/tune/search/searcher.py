@@ -113,7 +113,9 @@ class HydroSearcher(Searcher):
             finish first (:class:`~hydro.tune.placement.trial_placement.TrialPlacement`; its config asks for that
             type), and search trials of one fused group merge their surviving members into one trial when that
             frees a GPU (:class:`~hydro.tune.placement.trial_merging.TrialMerging`, :attr:`merging`: its rule and
-            the merges made); ``None``: Ray's resource request alone.
+            the merges made); a :class:`~hydro.tune.placement.trial_placement.TrialPlacement` of this run's
+            (``fit``'s, with energy or bubbles: with bubbles only targets are placed and nothing merges); ``None``:
+            Ray's resource request alone.
         **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``eta``, ``top_k``,
             ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
             ``probe_margin``, ``fallback_targets``): the width ladder, full-size targets, escalation and fallback
@@ -137,7 +139,7 @@ class HydroSearcher(Searcher):
                  scheduler: StoppingRule | TrialScheduler | None = None, transfer_fraction: float | None = 1.0,
                  seed: int | None = None, data: tuple[DataSource, DataSource] | None = None, trial_cpus: int = 1,
                  trial_resources: Mapping[str, float] | None = None, lost_trial_retries: int = 1,
-                 run_reporter: bool = True, placement: str | None = None, **transfer) -> None:
+                 run_reporter: bool = True, placement: str | TrialPlacement | None = None, **transfer) -> None:
         super().__init__(metric=spec.metric, mode=spec.mode)
         _check_arguments(searcher, scale, trial_cpus, trial_resources, lost_trial_retries, transfer)
         self.spec, self.trial_cpus, self._data, self._auto = spec, trial_cpus, data, scale == AUTO
@@ -155,11 +157,12 @@ class HydroSearcher(Searcher):
                                  trial_request={k.upper(): float(v) for k, v in (trial_resources or {}).items()})
         self._service, self._cluster, self._scheduler_checked = None, _RayCluster(self), False
         self._run_reporter, self._learn_resources = run_reporter, trial_resources is None
-        if placement is not None:
+        if isinstance(placement, str):
             check_placement(placement, spec, self._loaded_data())  # loaded once, for the placement's work too
-        self.placement = TrialPlacement(spec, self._data) if placement is not None else None
-        self.merging = (TrialMerging(self.placement, spec.epochs, f"hydro-merges-{uuid.uuid4().hex[:12]}")
-                        if placement is not None else None)
+            placement = TrialPlacement(spec, self._data)
+        self.placement = placement
+        self.merging = (TrialMerging(placement, spec.epochs, f"hydro-merges-{uuid.uuid4().hex[:12]}")
+                        if placement is not None and not placement.bubbles else None)
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
