@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import logging
 import math
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -190,6 +190,15 @@ class SearchDriver:
                 table[new] = table.pop(old)
         if old in state.widened:
             state.widened.add(new)
+
+    def trained_with(self, members: Iterable[Member]) -> None:
+        """The configurations search members train with, as their trial runs them (a trial scheduler may set a
+        key of a new trial's configuration, e.g. the energy bandit's batch size): the later stages (rungs,
+        targets) train and group these. Members that are not search members are ignored."""
+        configs = self.state.pool.configs
+        for member, config in members:
+            if member in configs:
+                configs[member] = dict(config)
 
     # --- results -----------------------------------------------------------------------------------------
 

@@ -141,3 +141,23 @@ def test_a_search_whose_members_stopped_early_still_spreads_the_first_rung_over_
     first = d.next_trial("r0", suggest_from([]), lambda key, config: 8, cluster)
     second = d.next_trial("r1", suggest_from([]), lambda key, config: 8, cluster)
     assert first.stage is second.stage is Stage.RUNG and len(first.members) == len(second.members) == 1
+
+
+def test_rungs_train_and_group_the_configurations_as_the_search_trained_them():
+    policy = TransferPolicy(1.0, 4, "acc", "max", scale=4, ladder=True, top_k=4, seeds=1, fallback_targets=0,
+                            escalate=False)
+    d = SearchDriver(policy, MemberPool(4, 8), "acc", 2, lambda config: config.get("batch_size"))
+    cluster = Cluster()
+    trial = d.next_trial("t0", suggest_from([{"lr": i} for i in range(4)]), lambda key, config: 8, cluster)
+    # a trial scheduler set each search member's batch size (as hydro tune --energy's bandit does per trial)
+    d.trained_with([(m, {**config, "batch_size": 16 if m < "m00002" else 32}) for m, config in trial.members])
+    d.trained_with([("m00000@2", {"lr": 0, "batch_size": 64})])  # not a search member: ignored
+    report(d, "t0", [m for m, _ in trial.members], lambda m: int(m[1:6]) / 10, cluster)
+    d.on_trial_complete("t0", False, cluster)
+    first = d.next_trial("r", suggest_from([]), lambda key, config: 8, cluster)
+    assert d.stage is Stage.RUNG
+    trials = [first.members, *d.state.current.waiting]
+    batches = sorted(sorted({c["batch_size"] for _, c in members}) for members in trials)
+    assert batches == [[16], [32]]  # one fused trial per batch size, each as its members trained
+    assert sorted(m for members in trials for m, _ in members) == sorted(
+        f"{c}@2" for c in d.state.current.rung.configs)

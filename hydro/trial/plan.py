@@ -68,6 +68,14 @@ class TrialPlan:
         return {HYDRO_KEY: self}
 
 
+def reported_plan(result: Mapping) -> TrialPlan | None:
+    """The plan of the Hydro trial that reported ``result`` as Ray Tune hands it on (its ``config`` nested, or
+    flattened as ``config/hydro``), with the configurations its members train with; ``None`` for a plain trial or
+    a result without its configuration."""
+    entry = result.get(f"config/{HYDRO_KEY}", result.get("config", {}).get(HYDRO_KEY))
+    return entry if isinstance(entry, TrialPlan) else None
+
+
 def plan_of(config: Mapping) -> TrialPlan:
     """The plan of a trial from its Ray config (a config without one is a plain trial)."""
     entry = config.get(HYDRO_KEY)

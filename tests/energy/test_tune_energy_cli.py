@@ -34,5 +34,6 @@ def test_energy_run_reports_energy_and_cost_per_member(ray_cluster, workload_fil
     assert set(surrogates["config/batch_size"]) <= {16, 32}  # the bandit's choice, per fused group
     assert surrogates.groupby("trial")["config/batch_size"].nunique().eq(1).all()
     target = table.loc[table["kind"] == "target", "config/batch_size"].item()  # its source member's batch size
-    best = json.loads((tmp_path / "runs" / "cli" / "hydro_best.json").read_text())["source"]["member"]
-    assert target == surrogates.set_index("member").loc[best, "config/batch_size"]
+    best = json.loads((tmp_path / "runs" / "cli" / "hydro_best.json").read_text())
+    assert target == surrogates.set_index("member").loc[best["source"]["member"], "config/batch_size"]
+    assert type(best["config"]["batch_size"]) is int  # as the target trained with it, not the table's float

@@ -18,9 +18,11 @@ then keeps one pending trial, or ``max_concurrent_trials``) or set ``TUNE_MAX_PE
 Hydro's own trials (``hydro tune --energy``, :func:`for_hydro`): the bandit's batch size goes to every member of
 a new fused group (the batch size is a group key); the cost compared is ``member_epoch_cost`` (J per member per
 epoch trained, so groups of any size and members stopped early compare); a fused trial converged when it ended
-without being stopped by the bound. The full-size target trial is measured and reported but neither stopped nor
-recorded here (its cost is not comparable with the surrogates'), and gets no bandit choice: it trains with the
-batch size its configuration was tuned with (that of the best member's group).
+without being stopped by the bound. Only the search's trials are compared, stopped and recorded: the transfer
+stages' trials (width-ladder rungs and full-size targets) are measured and reported but neither stopped nor recorded
+here (their costs are not comparable with the search's, and a stopped rung or target would end the run without its
+answer), and get no bandit choice: they train with the batch sizes their configurations were tuned with (the
+searcher keeps the configuration each search member trained with).
 """
 from __future__ import annotations
 
@@ -99,6 +101,8 @@ class EnergyScheduler(FIFOScheduler):
             if source in self._member_batch:
                 _set_batch_size(trial.config, self.keys["batch_size"], self._member_batch[source])
             return
+        if _is_transfer_stage(trial.config):  # a rung: its members' configurations as the search trained them
+            return
         choice = self.bandit.choose()
         _set_batch_size(trial.config, self.keys["batch_size"], choice)
         self._assigned[trial.trial_id] = choice
@@ -106,7 +110,7 @@ class EnergyScheduler(FIFOScheduler):
             self._member_batch.update((m, choice) for m in plan_of(trial.config).member_ids)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
-        if _is_target(trial.config) or not self.metered:
+        if _is_transfer_stage(trial.config) or not self.metered:
             return TrialScheduler.CONTINUE
         cost = result.get(self.keys["cost"])
         if cost is None:
@@ -127,7 +131,7 @@ class EnergyScheduler(FIFOScheduler):
                 self.bandit.cancel(self._assigned.pop(trial.trial_id))
             return
         batch_size = _batch_size(trial.config, self.keys["batch_size"])
-        if batch_size is None or _is_target(trial.config):
+        if batch_size is None or _is_transfer_stage(trial.config):
             return
         obs = Observation(int(batch_size), cost, converged)
         self._history.append(obs)
@@ -159,6 +163,15 @@ class EnergyScheduler(FIFOScheduler):
 
 def _is_target(config: Mapping) -> bool:
     return HYDRO_KEY in config and plan_of(config).kind == TrialKind.TARGET
+
+
+def _is_transfer_stage(config: Mapping) -> bool:
+    """A trial of a transfer stage after the search: a full-size target or a ladder rung (surrogates that read
+    only their final scores)."""
+    if HYDRO_KEY not in config:
+        return False
+    plan = plan_of(config)
+    return plan.kind == TrialKind.TARGET or (plan.kind == TrialKind.SURROGATE and plan.final_score_only)
 
 
 def _set_batch_size(config: dict, key: str, batch_size: int) -> None:

@@ -23,7 +23,7 @@ import torch
 
 from hydro.profiling import fit_step_time_model, step_features
 from hydro.trial.data import DataSource
-from hydro.trial.plan import HYDRO_KEY, TrialKind, TrialPlan, plan_of
+from hydro.trial.plan import TrialKind, TrialPlan, plan_of, reported_plan
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
 from hydro.tune.placement.gpu_types import (PLACEMENT_KEY, TypeRequest, cluster_gpu_types, prior_type,
@@ -133,8 +133,7 @@ class TrialPlacement:
         size (and so its steps per epoch) as it trained: the energy bandit may have changed the one it was placed
         with (the result's config has the trial's own)."""
         batch = self._batch[trial_id]
-        if HYDRO_KEY in result.get("config", {}):
-            plan = plan_of(result["config"])
+        if (plan := reported_plan(result)) is not None:
             batch, per_epoch = self.spec.batch_size_of(plan.members[0][1]), self._steps_per_epoch(plan)
         train_s = float(result["train_s"])
         now = EpochEnergy(epochs, float(result["energy_j"]), float(result["time_s"]), train_s,

@@ -109,10 +109,11 @@ def best_configuration(results: ResultGrid, spec: TuneSpec) -> dict | None:
         return None
     targets = finite[finite["kind"] == TrialKind.TARGET]
     row = (targets if not targets.empty else finite).iloc[0]
-    config = {k.split("/", 1)[1]: _plain(v) for k, v in row.items() if k.startswith("config/") and _present(v)}
-    source = next((plan_of(r.config).source for r in results
-                   if r.config is not None and _trial_id(r) == row["trial"]), {})
     result = _result_of(results, row["trial"])
+    plan = plan_of(result.config)
+    # the configuration as the member trained with it (the table's columns are floats where a key is missing)
+    (config,) = [c for m, c in plan.members if m == row["member"] or plan.kind == TrialKind.PLAIN]
+    config, source = {k: _plain(v) for k, v in config.items()}, plan.source
     checkpoint = result.checkpoint if result is not None and row["kind"] in (TrialKind.TARGET, TrialKind.PLAIN) \
         else None  # a fused trial's checkpoint holds several members, not the user's model
     return {"config": config, "kind": row["kind"], "metric": spec.metric, "mode": spec.mode,
@@ -262,7 +263,3 @@ def _first_line(error: BaseException) -> str:
 def _plain(value):
     """A table value as a plain Python value (numpy scalars print as ``np.float64(...)``)."""
     return value.item() if hasattr(value, "item") else value
-
-
-def _present(value) -> bool:
-    return not (isinstance(value, float) and math.isnan(value))

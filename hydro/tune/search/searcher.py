@@ -29,7 +29,7 @@ from ray.tune.search.sample import Domain
 from hydro.checks import is_count
 from hydro.trial.check import check_group_by, check_member
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
-from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
+from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of, reported_plan
 from hydro.trial.data import DataSource
 from hydro.trial.scale_plan import measured_scale
 from hydro.trial.spec import TuneSpec
@@ -258,6 +258,8 @@ class HydroSearcher(Searcher):
             self.state.trial_request = {"CPU": result[TRIAL_CPUS_KEY], "GPU": result.get(TRIAL_GPUS_KEY, 0.0)}
         if self.placement is not None:
             self.placement.on_result(trial_id, result, int(result.get("live_members", 1)))
+        if (plan := reported_plan(result)) is not None:  # as the trial runs it: a scheduler may have set a key
+            self.driver.trained_with(plan.members)
         _tell(self.inner, self.driver.on_result(trial_id, _member_results(result), self._cluster,
                                                 result.get("time_total_s"), result.get("max_fusion")))
         if self.merging is not None:
