@@ -235,7 +235,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
                                    lost_trial_retries=max_failures, placement=placement,
                                    trial_resources={} if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
                                    **transfer)  # fill trials train in the bubbles of the jobs' own devices
-    hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
+    hydro_searcher.choose_scale(_checked_config(param_space, seed), param_space)  # "auto": before Ray starts
     started = not ray.is_initialized()
     if started:  # a local cluster of this machine, which cannot grow to fit a trial
         with ray_output(verbose >= 2):
