@@ -29,16 +29,16 @@ from schedulers.scale_choice import PILOT_CONFIGS, PILOT_EPOCH_SHARE, Pilot, Sca
 COARSE = 8
 
 
-def pilot_once(workload: str, seed: int, samples: int, **options: int) -> dict:
-    """The pilot (``options``: ``Pilot.plan``'s) of a search at S=8 of ``samples`` configurations of ``workload``
-    drawn with ``seed``."""
+def pilot_once(workload: str, seed: int, samples: int, configs: int, epoch_share: int) -> dict:
+    """The pilot (of ``configs`` configurations, ``1/epoch_share`` of the epochs) of a search at S=8 of ``samples``
+    configurations of ``workload`` drawn with ``seed``."""
     spec, space = WORKLOADS[workload].make(False)
     drawn = RandomSearch(space, seed=seed)
-    configs = [drawn.suggest(str(i)) for i in range(samples)]
+    drawn_configs = [drawn.suggest(str(i)) for i in range(samples)]
     start = time.process_time()
-    choice = piloted_scale(spec, ScaleChoice(COARSE, {}), configs, spec.load_data(), samples, threads=1,
-                           device=torch.device("cpu"), **options)
-    pilot = Pilot.plan(COARSE, samples, spec.epochs, **options)
+    choice = piloted_scale(spec, ScaleChoice(COARSE, {}), drawn_configs, spec.load_data(), samples, threads=1,
+                           device=torch.device("cpu"), pilot_configs=configs, epoch_share=epoch_share)
+    pilot = Pilot.plan(COARSE, samples, spec.epochs, configs, epoch_share)
     return {"workload": workload, "seed": seed, "scale": choice.scale, "reason": choice.reason,
             "seconds": time.process_time() - start, "cost": pilot.cost(), "epochs": f"{pilot.epochs}/{spec.epochs}"}
 

@@ -21,7 +21,8 @@ from hydro.trial.precision import autocast
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import build_member
 from hydro.trial.unit import FusedTrial
-from schedulers.scale_choice import AUTO_SCALES, CannotShrink, Pilot, ScaleChoice, choose_scale
+from schedulers.scale_choice import (AUTO_SCALES, PILOT_CONFIGS, PILOT_EPOCH_SHARE, CannotShrink, Pilot,
+                                     ScaleChoice, choose_scale)
 
 logger = logging.getLogger(__name__)
 
@@ -62,16 +63,18 @@ def measured_scale(spec: TuneSpec, config: Mapping, data: tuple[DataSource, Data
 
 def piloted_scale(spec: TuneSpec, choice: ScaleChoice, configs: Sequence[Mapping],
                   data: tuple[DataSource, DataSource], members: int, threads: int,
-                  device: torch.device | None = None, **pilot_options: int) -> ScaleChoice:
+                  device: torch.device | None = None, pilot_configs: int = PILOT_CONFIGS,
+                  epoch_share: int = PILOT_EPOCH_SHARE) -> ScaleChoice:
     """``choice`` checked by its :class:`~schedulers.scale_choice.Pilot` for a search of ``members``
     configurations (``None``: nothing to check, ``choice`` returned): the first ``Pilot.configs`` of ``configs``
     trained as µP surrogates, fused, at the pilot's two scales for its epochs (the search's first ones), on ``device`` (default: this
     process's GPU, else CPU) with ``threads`` torch threads; its cost is logged before it trains.
-    ``pilot_options``: :meth:`Pilot.plan <schedulers.scale_choice.Pilot.plan>`'s ``configs`` and ``epoch_share``.
+    ``pilot_configs``, ``epoch_share``: :meth:`Pilot.plan <schedulers.scale_choice.Pilot.plan>`'s ``configs`` and
+    ``epoch_share``.
 
     With fewer ``configs`` than the pilot trains (no param space to draw them from) the step times decide alone.
     """
-    pilot = Pilot.plan(choice.scale, members, spec.epochs, **pilot_options)
+    pilot = Pilot.plan(choice.scale, members, spec.epochs, pilot_configs, epoch_share)
     if pilot is None:
         return choice
     if len(configs) < pilot.configs:
