@@ -82,7 +82,8 @@ class HydroSearcher(Searcher):
         num_samples: member configurations to draw.
         scale: the surrogates' width divisor S (int >= 1; 1: full-size members), or ``"auto"``: the finest of
             S=8, 4, 2 whose fused training step costs at most 2.5 times the S=8 one's, measured on this process's
-            device before the first trial (:func:`~hydro.trial.scale_plan.measured_scale`); :attr:`scale` is then
+            device before the first trial (:func:`~hydro.trial.scale_plan.measured_scale`), a choice of S=8
+            checked by a pilot against S=4 (:func:`~hydro.trial.scale_plan.piloted_scale`); :attr:`scale` is then
             the chosen S and :attr:`scale_choice` the measurements.
         fusion: members per fused trial (int), ``"auto"`` (measured per group with ``hydro.plan_fusion``), or a
             :class:`~hydro.trial.fusion.FusionPlanner`; any of them at most an even share of ``num_samples`` per
