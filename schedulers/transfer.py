@@ -228,7 +228,7 @@ class TransferPolicy:
         halving: successive halving over epochs inside each ladder rung's trials, by ``eta``, down to the
             configurations the next stage trains (the first rung: one more, to measure a probe's lead); only with
             one seed and ``epochs`` enough for a milestone (``epochs // eta >= 1``); escalations train in full.
-            Off by default until the fidelity benchmark shows it ranks as well as full rungs.
+            Off by default: where training overfits, a milestone's ranking does not predict the end's.
         eta: each rung keeps the best ``1/eta`` of the configurations before it (int >= 2).
         top_k: configurations trained at full size; the best on validation is returned (int >= 1).
         seeds: trainings of each configuration in the surrogate stages; its score is their mean (int >= 1).
