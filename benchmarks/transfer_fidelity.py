@@ -13,7 +13,11 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     policy's own decisions;
   * Hydro "auto": the scale measured as ``HydroSearcher(scale="auto")`` measures it (``hydro.trial.scale_plan``:
     the finest of S=8, 4, 2 whose fused step costs at most 2.5 times the S=8 one's; the measuring's CPU time
-    counted), then the policy's defaults.
+    counted), then the policy's defaults;
+  * the same with rung halving ("+halving"): each rung's fused trial stops members at the policy's milestones as a
+    rung trial does (``Trainer.halved``).
+Each variant's planned cost of the stages after the search (``plan_cost``) and what it trained, the search
+included (``trained_cost``), in full-size trainings, are in the JSON.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
 stock's top configuration, the noise), the returned configuration's own stock score against stock's best
 ("config": the choice, without the target training's noise), the target against the mean of stock's top
