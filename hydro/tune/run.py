@@ -188,8 +188,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
         gpus_per_trial: float = 0, placement: str | None = None, **transfer) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
     table and best configuration written to its directory) and the searcher. ``scale``: the surrogates' width
-    divisor, or ``"auto"``, measured here before Ray starts (``HydroSearcher``; the searcher's ``scale`` is then
-    the chosen one).
+    divisor, or ``"auto"``, measured here before Ray starts, its pilot on configurations drawn from
+    ``param_space`` (``HydroSearcher``; the searcher's ``scale`` is then the chosen one).
 
     ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
     process before any trial starts. ``verbose``: 0 silent, 1 member
