@@ -13,7 +13,11 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     policy's own decisions;
   * Hydro "auto": the scale measured as ``HydroSearcher(scale="auto")`` measures it (``hydro.trial.scale_plan``:
     the finest of S=8, 4, 2 whose fused step costs at most 2.5 times the S=8 one's; the measuring's CPU time
-    counted), then the policy's defaults.
+    counted), then the policy's defaults;
+  * the same with rung halving ("+halving"): each rung's fused trial stops members at the policy's milestones as a
+    rung trial does (``Trainer.halved``).
+Each variant's planned cost of the stages after the search (``plan_cost``) and what it trained, the search
+included (``trained_cost``), in full-size trainings, are in the JSON.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
 stock's top configuration, the noise), the returned configuration's own stock score against stock's best
 ("config": the choice, without the target training's noise), the target against the mean of stock's top
@@ -63,6 +67,7 @@ from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from schedulers.member_stopping import ASHA, score
+from schedulers.rung_halving import RungHalving
 from schedulers.scale_choice import AUTO
 from schedulers.transfer import Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
 
@@ -178,6 +183,28 @@ class Trainer:
         values = self.run(TrialPlan(TrialKind.SURROGATE, members, scale, mup=True))
         return scores_of((config_of[m], v) for m, v in values.items())
 
+    def halved(self, configs: dict[str, dict], scale: int, halving: RungHalving) -> tuple[dict[str, Score], int]:
+        """The configurations in one fused trial of µP surrogates at ``scale`` (one seed) that stops members at
+        ``halving``'s milestones as a rung trial does (``MemberSession.step``, ``FusedTrial.keep``); their scores,
+        each measured after the epoch it stopped at, and the member-epochs trained."""
+        spec, start = self.spec, time.process_time()
+        trial = FusedTrial(spec, TrialPlan(TrialKind.SURROGATE, list(configs.items()), scale, mup=True), self.data)
+        values, reached, member_epochs = {}, {}, 0
+        for epoch in range(1, spec.epochs + 1):
+            member_epochs += len(trial.member_ids)
+            trial.train_epoch()
+            if not halving.evaluates(epoch, spec.epochs):
+                continue
+            now = dict(zip(trial.member_ids, trial.evaluate()[spec.metric].tolist()))
+            values.update(now)
+            reached.update(dict.fromkeys(now, epoch))
+            stop = set() if epoch == spec.epochs else halving.stops(epoch, {m: score(v, spec.mode)
+                                                                            for m, v in now.items()})
+            if stop:
+                trial.keep([i for i, m in enumerate(trial.member_ids) if m not in stop])
+        self.seconds += time.process_time() - start
+        return scores_of(values.items(), reached), member_epochs
+
     def target(self, config: dict, mup: bool, seed: int | None = None) -> float:
         """``config`` at full size as Hydro's target trains it (``seed``: the spec's unless given)."""
         spec = self.spec if seed is None else dataclasses.replace(self.spec, seed=seed)
@@ -217,13 +244,24 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
               targets: dict[str, tuple[float, float]]) -> dict:
     """Hydro's search at ``policy.scale`` and the stages the policy decides; ``targets`` caches full-size
     trainings (config id -> (value, seconds)), which are deterministic, across runs."""
-    start = trainer.seconds
+    start, epochs = trainer.seconds, trainer.spec.epochs
     stages = [trainer.surrogates(configs, policy.scale, policy.seeds)]
     trained: list[str] = []  # at full size: the targets, then any fallback targets
+    member_epochs = len(configs) * policy.seeds * epochs / policy.scale ** 2  # full-size member-epochs, search's
     while (rung := policy.next_rung(stages)) is not None:
         if rung.scale > 1:
-            stages.append(trainer.surrogates({c: configs[c] for c in rung.configs}, rung.scale, rung.seeds))
+            rung_configs = {c: configs[c] for c in rung.configs}
+            halving = RungHalving.plan(len(rung.configs), rung.survivors, epochs, policy.eta) \
+                if rung.survivors else None
+            if halving is None:
+                stages.append(trainer.surrogates(rung_configs, rung.scale, rung.seeds))
+                trained_epochs = len(rung.configs) * rung.seeds * epochs
+            else:
+                scores, trained_epochs = trainer.halved(rung_configs, rung.scale, halving)
+                stages.append(scores)
+            member_epochs += trained_epochs / rung.scale ** 2
             continue
+        member_epochs += len(rung.configs) * epochs
         for c in rung.configs:
             if c not in targets:
                 before = trainer.seconds
@@ -239,6 +277,8 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
     return {"seconds": surrogate_seconds + target_seconds, "target_seconds": target_seconds, "returned": returned,
             "target": policy.by_scale(stages)[-1][1][returned].mean,
             "cost_up_front": policy.describe(len(configs)),
+            "plan_cost": policy.cost(len(configs)),  # the stages after the search, as planned (full-size trainings)
+            "trained_cost": member_epochs / epochs,  # all it trained, the search included (full-size trainings)
             "trail": [(s, vars(score)) for s, score in policy.trail(stages, returned)],
             "checks": [vars(c) for c in policy.checks(stages)],
             "regression": None if (r := policy.regression(stages[:first + 2])) is None else vars(r),
@@ -289,6 +329,11 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=4 fallback-2": {"scale": 4, "fallback_targets": 2},
     "auto": {"scale": AUTO, "ladder": True, "escalate": True, "fallback_targets": 2,  # HydroSearcher(scale="auto")
              "disagreement": Disagreement.PROBE},  # with TransferPolicy's defaults, at the scale it measures
+    "S=8 ladder+escalate-probe+fallback-2+halving": {"scale": 8, "ladder": True, "escalate": True,
+                                                     "fallback_targets": 2, "disagreement": Disagreement.PROBE,
+                                                     "halving": True},  # the defaults, rungs halving over epochs
+    "auto+halving": {"scale": AUTO, "ladder": True, "escalate": True, "fallback_targets": 2,
+                     "disagreement": Disagreement.PROBE, "halving": True},
 }.items()}
 
 
@@ -366,7 +411,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
             choice = measured_scale(spec, configs[next(iter(configs))], trainer.data, samples, threads=1)
             options = {**options, "scale": choice.scale}
         measuring = time.process_time() - start
-        policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, **options)
+        policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, epochs=spec.epochs, **options)
         run = hydro_run(trainer, configs, policy, targets)
         run["seconds"] += measuring
         if choice is not None:

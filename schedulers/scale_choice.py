@@ -8,8 +8,11 @@ coarsest one's. The measurements behind the constants: ``docs/design/scale-choic
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from schedulers.member_stopping import score
+from schedulers.transfer import MIN_ESCALATION_SCALE, rank_check
 
 
 AUTO = "auto"  # the scale a user passes to let Hydro choose
@@ -115,3 +118,58 @@ def _timed(step_seconds: Callable[[int], float], scale: int) -> float:
     if not seconds > 0:
         raise ValueError(f"choose_scale: a step at S={scale} measured {seconds!r} s; a step time is > 0")
     return seconds
+
+
+# The pilot: before the search, a few configurations train at the chosen scale S and at S/2 for a share of the
+# epochs; when their rankings disagree confidently, S is too narrow to rank the workload and the search trains at
+# S/2. Only where S/2 is a scale escalation would rank at (S >= 8): finer choices are already the fine ones.
+PILOT_CONFIGS = 6  # configurations the pilot trains at each of its two scales
+PILOT_EPOCH_SHARE = 3  # the pilot trains 1/3 of the search's epochs (at least one)
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """``configs`` configurations trained at ``coarse`` (the scale chosen from step times) and at ``fine``
+    (``coarse // 2``), each for ``epochs`` of the search's ``search_epochs``."""
+
+    coarse: int
+    fine: int
+    configs: int
+    epochs: int
+    search_epochs: int
+
+    @classmethod
+    def plan(cls, scale: int, num_samples: int, epochs: int, configs: int = PILOT_CONFIGS,
+             epoch_share: int = PILOT_EPOCH_SHARE) -> Pilot | None:
+        """The pilot of a search of ``num_samples`` configurations at ``scale``, ``epochs`` each: ``configs`` of
+        them for ``epochs // epoch_share`` epochs (at least one); ``None`` where ``scale // 2`` is below
+        :data:`~schedulers.transfer.MIN_ESCALATION_SCALE` or the search has fewer configurations than the pilot
+        would train."""
+        if scale // 2 < MIN_ESCALATION_SCALE or num_samples < configs:
+            return None
+        return cls(scale, scale // 2, configs, max(1, epochs // epoch_share), epochs)
+
+    def cost(self) -> float:
+        """Full-size trainings the pilot costs, a member's compute taken as proportional to width²."""
+        return self.configs * (1 / self.coarse ** 2 + 1 / self.fine ** 2) * self.epochs / self.search_epochs
+
+    def describe(self) -> str:
+        """The pilot and its cost, to show before it runs."""
+        return (f"pilot: {self.configs} configurations at S={self.coarse} and S={self.fine} for {self.epochs} of "
+                f"{self.search_epochs} epochs, about {self.cost():.2f} full-size trainings")
+
+    def decide(self, choice: ScaleChoice, coarse: Mapping[str, float], fine: Mapping[str, float], mode: str,
+               min_agreement: float = 0.5) -> ScaleChoice:
+        """``choice`` kept, or moved to :attr:`fine` when the pilot's rankings at the two scales disagree: the
+        Spearman rho of the configurations scored at both (``coarse``, ``fine``: config id -> final value of the
+        metric optimised in ``mode``, NaN the worst) has a one-sided 95% upper bound below ``min_agreement``."""
+        common = [c for c in coarse if c in fine]
+        check = rank_check(self.coarse, [score(coarse[c], mode) for c in common],
+                           self.fine, [score(fine[c], mode) for c in common], min_agreement)
+        words = (f"{self.describe()}: Spearman {check.rho:.2f} over {check.configs} (95% upper bound "
+                 f"{check.upper:.2f})")
+        if not check.low:
+            return replace(choice, reason=f"{choice.reason}; {words}, S={self.coarse} ranks")
+        return replace(choice, scale=self.fine,
+                       reason=f"{choice.reason}; {words}, below {min_agreement:g}: S={self.coarse} is too narrow to "
+                              f"rank, the search trains at S={self.fine}")

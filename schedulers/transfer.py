@@ -174,6 +174,14 @@ def rho_upper_bound(rho: float, n: int) -> float:
     return math.tanh(math.atanh(clipped) + ONE_SIDED_95 * error)
 
 
+def rank_check(coarse: int, a: Sequence, fine: int, b: Sequence, min_agreement: float) -> TransferCheck:
+    """The :class:`TransferCheck` of paired values (any ordered values, the same order on both sides) of the same
+    configurations at ``coarse`` (``a``) and ``fine`` (``b``), low against ``min_agreement``."""
+    rho = spearman(a, b) if len(a) >= 3 else math.nan
+    upper = rho_upper_bound(rho, len(a))
+    return TransferCheck(coarse, fine, len(a), rho, upper, math.isfinite(upper) and upper < min_agreement)
+
+
 def spearman(a: Sequence, b: Sequence) -> float:
     """Spearman rank correlation of paired values (any ordered values: numbers, or tuples compared in order; ties
     get average ranks); NaN if fewer than 2 pairs or a side is constant."""
@@ -220,7 +228,7 @@ class TransferPolicy:
         halving: successive halving over epochs inside each ladder rung's trials, by ``eta``, down to the
             configurations the next stage trains (the first rung: one more, to measure a probe's lead); only with
             one seed and ``epochs`` enough for a milestone (``epochs // eta >= 1``); escalations train in full.
-            Off by default until the fidelity benchmark shows it ranks as well as full rungs.
+            Off by default: where training overfits, a milestone's ranking does not predict the end's.
         eta: each rung keeps the best ``1/eta`` of the configurations before it (int >= 2).
         top_k: configurations trained at full size; the best on validation is returned (int >= 1).
         seeds: trainings of each configuration in the surrogate stages; its score is their mean (int >= 1).
@@ -614,10 +622,8 @@ class TransferPolicy:
     def _check(self, coarse: int, a: Mapping[str, Score], fine: int, b: Mapping[str, Score]) -> TransferCheck:
         """The transfer check of the configurations scored both at ``coarse`` (``a``) and at ``fine`` (``b``)."""
         common = [c for c in b if c in a]
-        rho = spearman([self._key(a[c]) for c in common], [self._key(b[c]) for c in common]) \
-            if len(common) >= 3 else math.nan
-        upper = rho_upper_bound(rho, len(common))
-        return TransferCheck(coarse, fine, len(common), rho, upper, math.isfinite(upper) and upper < self.min_agreement)
+        return rank_check(coarse, [self._key(a[c]) for c in common], fine, [self._key(b[c]) for c in common],
+                          self.min_agreement)
 
     def regression(self, stages: Stages) -> TargetRegression | None:
         """The returned configuration's full-size score if it is worse than its finest surrogate score by more

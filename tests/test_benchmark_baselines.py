@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from benchmarks.e2e_tuning import add_speedups
 from benchmarks.transfer_fidelity import Trainer, stock_asha
 from hydro.trial.plan import TrialKind, TrialPlan
@@ -10,6 +12,7 @@ from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from schedulers.member_stopping import ASHA, score
+from schedulers.rung_halving import RungHalving
 
 
 def test_e2e_speedups_are_against_stock_with_asha_and_without_early_stopping():
@@ -45,3 +48,29 @@ def test_transfer_fidelity_stock_asha_stops_as_asha_stops_the_full_trajectories(
     assert result["epochs"] == epochs and result["scores"] == last
     assert epochs["c0"] == spec.epochs and min(epochs.values()) < spec.epochs  # some stopped early
     assert result["best"] == max(last, key=last.get) and math.isfinite(result["seconds"])
+
+
+def test_transfer_fidelity_halving_rung_stops_as_the_rule_stops_the_full_trajectories():
+    """The benchmark's in-process halving rung keeps the members ``RungHalving`` keeps on the members' full
+    trajectories (fused members train independently: stopping some leaves the others' scores as they were)."""
+    spec, space = digits_mlp(epochs=4, hidden=64)
+    drawn = RandomSearch(space, seed=0)
+    configs = {f"c{i}": drawn.suggest(str(i)) for i in range(6)}
+    trainer = Trainer(spec, spec.load_data())
+    halving = RungHalving.plan(6, 2, spec.epochs, eta=2)
+    scores, member_epochs = trainer.halved(configs, 2, halving)
+    trial = FusedTrial(spec, TrialPlan(TrialKind.SURROGATE, list(configs.items()), 2, mup=True), trainer.data)
+    trajectories = []
+    for _ in range(spec.epochs):
+        trial.train_epoch()
+        trajectories.append(dict(zip(trial.member_ids, trial.evaluate()[spec.metric].tolist())))
+    live, reached = list(configs), {}
+    for epoch, values in enumerate(trajectories, 1):  # the rule replayed on them
+        stop = halving.stops(epoch, {m: score(values[m], spec.mode) for m in live}) if epoch < spec.epochs else set()
+        reached.update({m: epoch for m in stop})
+        live = [m for m in live if m not in stop]
+    reached.update(dict.fromkeys(live, spec.epochs))
+    assert {c: s.reached for c, s in scores.items()} == reached and len(live) == 2
+    assert {c: s.mean for c, s in scores.items()} == pytest.approx(
+        {c: trajectories[e - 1][c] for c, e in reached.items()}, abs=1e-6)
+    assert member_epochs == halving.member_epochs(6, spec.epochs) < 6 * spec.epochs

@@ -2,13 +2,15 @@
 (schedulers.scale_choice), measured on real fused training (hydro.trial.scale_plan)."""
 import dataclasses
 import logging
+import math
 
 import pytest
 
-from hydro.trial.scale_plan import measured_scale
+from hydro.trial.scale_plan import measured_scale, piloted_scale
 from hydro.tune.examples import digits_mlp
 from hydro.tune.search.random_search import RandomSearch
-from schedulers.scale_choice import AUTO_SCALES, CannotShrink, NoScale, checked_scale, choose_scale
+from schedulers.scale_choice import (AUTO_SCALES, PILOT_CONFIGS, CannotShrink, NoScale, Pilot, ScaleChoice,
+                                     checked_scale, choose_scale)
 
 
 def timed(seconds: dict[int, float], asked: list[int]):
@@ -104,3 +106,58 @@ def test_strict_shrinking_skips_the_scales_it_refuses():
 
 def test_a_search_is_checked_at_its_scale_or_with_auto_at_the_coarsest_candidate():
     assert [checked_scale(s) for s in ("auto", 1, 4)] == [AUTO_SCALES[0], 1, 4]
+
+
+# --- the pilot -----------------------------------------------------------------------------------------------
+
+def test_a_pilot_checks_a_choice_of_s8_or_coarser_on_a_share_of_the_epochs():
+    pilot = Pilot.plan(8, num_samples=24, epochs=8)
+    assert (pilot.coarse, pilot.fine, pilot.configs, pilot.epochs, pilot.search_epochs) == (8, 4, PILOT_CONFIGS, 2, 8)
+    assert pilot.cost() == pytest.approx(PILOT_CONFIGS * (1 / 64 + 1 / 16) * 2 / 8)
+    assert "6 configurations at S=8 and S=4 for 2 of 8 epochs, about 0.12 full-size trainings" in pilot.describe()
+    assert Pilot.plan(8, 24, epochs=2).epochs == 1  # at least one epoch
+    assert Pilot.plan(16, 24, 9, configs=8, epoch_share=1) == Pilot(16, 8, 8, 9, 9)
+    assert Pilot.plan(4, 24, 8) is None  # S=2 is already a fine scale (escalation does not go there either)
+    assert Pilot.plan(8, PILOT_CONFIGS - 1, 8) is None  # a search smaller than the pilot
+
+
+CHOICE = ScaleChoice(8, {8: 1.0, 4: 3.5}, reason="from step times")
+
+
+@pytest.mark.parametrize("fine, mode, chosen", [
+    ([6, 5, 4, 3, 2, 1], "max", 4),  # S=4 ranks the six in reverse: S=8 cannot rank them
+    ([1, 2, 3, 4, 5, 6], "max", 8),
+    ([6, 5, 4, 3, 2, 1], "min", 4),  # the same rankings compared, whatever the direction
+    ([2, 1, 4, 3, 6, 5], "max", 8),  # noise among close ones: not a confident disagreement
+    ([3, 6, 5, 2, 1, 4], "max", 8),  # rho -0.37 over 6: its upper bound is above 0.5
+])
+def test_the_pilot_moves_the_search_to_s_half_only_on_a_confident_disagreement(fine, mode, chosen):
+    pilot = Pilot.plan(8, 16, 6)
+    coarse = {f"c{i}": float(i + 1) for i in range(6)}
+    decided = pilot.decide(CHOICE, coarse, {f"c{i}": float(v) for i, v in enumerate(fine)}, mode)
+    assert decided.scale == chosen and decided.step_s == CHOICE.step_s
+    assert decided.reason.startswith("from step times; pilot: 6 configurations at S=8 and S=4")
+    assert ("too narrow to rank, the search trains at S=4" in decided.reason) == (chosen == 4)
+
+
+def test_the_pilot_ranks_a_diverged_configuration_last_and_compares_those_scored_at_both():
+    pilot = Pilot.plan(8, 16, 6)
+    coarse = {"a": math.nan, "b": 0.5, "c": 0.6, "d": 0.7, "e": 0.8, "f": 0.9, "only_coarse": 1.0}
+    fine = {"a": 0.95, "b": 0.9, "c": 0.8, "d": 0.7, "e": 0.6, "f": 0.5}  # S=4 reverses them; NaN at S=8 is last
+    decided = pilot.decide(CHOICE, coarse, fine, "max")
+    assert decided.scale == 4 and "Spearman -1.00 over 6" in decided.reason
+
+
+def test_the_pilot_trains_real_surrogates_and_states_its_cost_before(caplog):
+    spec, space = digits_mlp(epochs=3, hidden=128)
+    drawn = RandomSearch(space, seed=0)
+    configs = [drawn.suggest(str(i)) for i in range(PILOT_CONFIGS)]
+    with caplog.at_level(logging.INFO, logger="hydro.trial.scale_plan"):
+        choice = piloted_scale(spec, CHOICE, configs, spec.load_data(), members=16, threads=1)
+    first, second = [r.getMessage() for r in caplog.records]
+    assert first == "scale='auto': S=8 from step times; " + Pilot.plan(8, 16, 3).describe()
+    assert choice.scale in (8, 4) and "Spearman" in second and choice.reason.startswith("from step times; pilot")
+    with caplog.at_level(logging.INFO, logger="hydro.trial.scale_plan"):  # nothing to check at S=4
+        assert piloted_scale(spec, dataclasses.replace(CHOICE, scale=4), configs, None, 16, 1).scale == 4
+        assert piloted_scale(spec, CHOICE, configs[:2], None, 16, 1) == CHOICE  # too few: step times alone
+    assert "the pilot needs 6 configurations, got 2" in caplog.text

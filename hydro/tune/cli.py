@@ -66,7 +66,7 @@ def add_subparser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=at_least(1), default=16, help="member configurations to try")
     parser.add_argument("--scale", type=_auto_or_count("a width divisor"), default=1,
                         help="surrogate width divisor S (1: full size), or 'auto': the finest of 8, 4, 2 whose fused "
-                             "step costs at most 2.5 times the S=8 one's (measured)")
+                             "step costs at most 2.5 times the S=8 one's (measured; S=8 checked by a pilot at S=4)")
     parser.add_argument("--fusion", type=_auto_or_count("a number of members"), default="auto",
                         help="members per fused trial, or 'auto' (measured)")
     parser.add_argument("--scheduler", choices=["asha", "none"], default="asha", help="per-member early stopping")

@@ -188,8 +188,8 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
         gpus_per_trial: float = 0, placement: str | None = None, **transfer) -> tuple[tune.ResultGrid, HydroSearcher]:
     """Tune ``num_samples`` member configurations of ``param_space``; returns the ``ResultGrid`` (member
     table and best configuration written to its directory) and the searcher. ``scale``: the surrogates' width
-    divisor, or ``"auto"``, measured here before Ray starts (``HydroSearcher``; the searcher's ``scale`` is then
-    the chosen one).
+    divisor, or ``"auto"``, measured here before Ray starts, its pilot on configurations drawn from
+    ``param_space`` (``HydroSearcher``; the searcher's ``scale`` is then the chosen one).
 
     ``data``: what :func:`prepare` returned (default: ``fit`` calls it), so the workload is checked in this
     process before any trial starts. ``verbose``: 0 silent, 1 member
@@ -240,7 +240,7 @@ def fit(spec: TuneSpec, param_space: dict, *, num_samples: int, scale: int | str
                                                   bubbles=bubbles),
                                    trial_resources={} if bubbles else {"CPU": cpus_per_trial, "GPU": gpus_per_trial},
                                    **transfer)  # fill trials train in the bubbles of the jobs' own devices
-    hydro_searcher.choose_scale(_checked_config(param_space, seed))  # scale="auto": measured before Ray starts
+    hydro_searcher.choose_scale(_checked_config(param_space, seed), param_space)  # "auto": before Ray starts
     started = not ray.is_initialized()
     if started:  # a local cluster of this machine, which cannot grow to fit a trial
         with ray_output(verbose >= 2):

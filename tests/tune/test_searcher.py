@@ -1,4 +1,5 @@
 """HydroSearcher without a cluster: grouping, per-member observations, target, save/restore, bad input."""
+import dataclasses
 import math
 import pickle
 
@@ -8,9 +9,10 @@ from ray.tune.search import Searcher
 import hydro.trial.fusion as fusion_module
 from hydro.trial.fusion import PredictedFusion
 from hydro.tune import HydroSearcher, TuneSpec
+from hydro.tune.examples import digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from hydro.trial.plan import TrialKind, plan_of
-from schedulers.scale_choice import AUTO_SCALES
+from schedulers.scale_choice import AUTO_SCALES, PILOT_CONFIGS, Pilot
 from tests.tune.workload import SPACE, mlp, sgd, small_digits, spec
 
 
@@ -165,6 +167,26 @@ def test_scale_auto_is_kept_across_save_and_restore_without_measuring_again(tmp_
     restored.restore(str(tmp_path / "searcher.pkl"))
     assert restored.scale == restored.driver.policy.scale == chosen
     assert plan_of(restored.suggest("t0")).scale == chosen
+
+
+def test_scale_auto_pilots_a_coarse_choice_on_configurations_of_the_param_space(caplog, monkeypatch):
+    import hydro.tune.search.searcher as searcher_module
+
+    measured = searcher_module.measured_scale  # a compute-bound model's step times choose S=8: forced here
+    monkeypatch.setattr(searcher_module, "measured_scale",
+                        lambda *args, **kwargs: dataclasses.replace(measured(*args, **kwargs), scale=8))
+    digits, space = digits_mlp(epochs=3, hidden=128)  # wide enough for S=8
+    s = HydroSearcher(digits, RandomSearch(seed=1), num_samples=PILOT_CONFIGS, fusion=2, scale="auto")
+    s.set_search_properties("val_acc", "max", space)
+    with caplog.at_level("INFO", logger="hydro.trial.scale_plan"):
+        chosen = s.choose_scale(RandomSearch(space, seed=0).suggest("x"))
+    pilot = Pilot.plan(8, PILOT_CONFIGS, digits.epochs)
+    assert f"S=8 from step times; {pilot.describe()}" in caplog.text  # its cost, before it trains
+    assert chosen in (8, 4) and f"{pilot.describe()}: Spearman" in s.scale_choice.reason
+    assert s.driver.policy.scale == chosen
+    no_space = HydroSearcher(digits, RandomSearch(seed=1), num_samples=PILOT_CONFIGS, fusion=2, scale="auto")
+    assert no_space.choose_scale(RandomSearch(space, seed=0).suggest("x")) == 8  # no space to draw the pilot from
+    assert "pilot" not in no_space.scale_choice.reason
 
 
 @pytest.mark.parametrize("scale", [0, 2.0, True, "Auto", None])

@@ -31,7 +31,7 @@ from hydro.trial.check import check_group_by, check_member
 from hydro.trial.fusion import FixedFusion, FusionPlanner, MeasuredFusion
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of, reported_plan
 from hydro.trial.data import DataSource
-from hydro.trial.scale_plan import measured_scale
+from hydro.trial.scale_plan import measured_scale, piloted_scale
 from hydro.trial.spec import TuneSpec
 from hydro.tune.placement.trial_merging import TrialMerging
 from hydro.tune.placement.trial_placement import TrialPlacement, check_placement
@@ -45,7 +45,7 @@ from hydro.tune.search.space_check import check_batch_size_space, other_values
 from schedulers.member_ledger import EventKind, MemberEvent
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
-from schedulers.scale_choice import AUTO, ScaleChoice, checked_scale
+from schedulers.scale_choice import AUTO, PILOT_CONFIGS, ScaleChoice, checked_scale
 from schedulers.search_driver import DriverState, SearchDriver, Stage, StageRun
 from schedulers.transfer import TransferPolicy
 from schedulers.trial_slots import trial_slots, whole_round_counts
@@ -83,7 +83,8 @@ class HydroSearcher(Searcher):
         num_samples: member configurations to draw.
         scale: the surrogates' width divisor S (int >= 1; 1: full-size members), or ``"auto"``: the finest of
             S=8, 4, 2 whose fused training step costs at most 2.5 times the S=8 one's, measured on this process's
-            device before the first trial (:func:`~hydro.trial.scale_plan.measured_scale`); :attr:`scale` is then
+            device before the first trial (:func:`~hydro.trial.scale_plan.measured_scale`), a choice of S=8
+            checked by a pilot against S=4 (:func:`~hydro.trial.scale_plan.piloted_scale`); :attr:`scale` is then
             the chosen S and :attr:`scale_choice` the measurements.
         fusion: members per fused trial (int), ``"auto"`` (measured per group with ``hydro.plan_fusion``), or a
             :class:`~hydro.trial.fusion.FusionPlanner`; any of them at most an even share of ``num_samples`` per
@@ -324,13 +325,17 @@ class HydroSearcher(Searcher):
         """With ``scale="auto"``: the measured choice, once made (``None`` before, and for a given scale)."""
         return self.state.scale_choice
 
-    def choose_scale(self, config: Mapping) -> int:
-        """The search's surrogate scale; with ``scale="auto"`` measured once, on ``config`` (a member's), and
+    def choose_scale(self, config: Mapping, space: Mapping | None = None) -> int:
+        """The search's surrogate scale; with ``scale="auto"`` measured once, on ``config`` (a member's), then
+        checked by the pilot on configurations drawn from ``space`` (default: the param space Tune passed), and
         kept (``fit`` chooses before Ray starts; else the first member's configuration decides)."""
         if self._auto and self.state.scale_choice is None:
-            pool = self.driver.state.pool
-            self.state.scale_choice = measured_scale(self.spec, config, self._loaded_data(),
-                                                     min(pool.num_samples, pool.max_fusion), self.trial_cpus)
+            pool, data = self.driver.state.pool, self._loaded_data()
+            choice = measured_scale(self.spec, config, data, min(pool.num_samples, pool.max_fusion), self.trial_cpus)
+            space = self.state.space if space is None else space
+            drawn = RandomSearch(dict(space), seed=0) if space else None
+            pilot = [drawn.suggest(f"pilot{i}") for i in range(PILOT_CONFIGS)] if drawn else []
+            self.state.scale_choice = piloted_scale(self.spec, choice, pilot, data, pool.num_samples, self.trial_cpus)
             self.driver.use_scale(self.state.scale_choice.scale)
         return self.scale
 
