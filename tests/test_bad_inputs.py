@@ -11,7 +11,7 @@ were silent (no error anywhere before tuning: wrong results or wasted work), unc
 error, a message that named neither the problem nor the fix; for a ``TuneSpec`` field accepted as given, what
 ``prepare`` then said) or late (clear, but after Ray had started) when the census was taken, and were fixed with it.
 
-Counts: 259 bad inputs tried (208 API, 51 CLI), 118 of them marked ``# fixed``; 0 silent or unclear now. Blocks
+Counts: 257 bad inputs tried (207 API, 50 CLI), 118 of them marked ``# fixed``; 0 silent or unclear now. Blocks
 at the end of each list, each under a comment naming its area, were added with later features and fault work.
 """
 from __future__ import annotations
