@@ -141,3 +141,71 @@ def test_a_search_whose_members_stopped_early_still_spreads_the_first_rung_over_
     first = d.next_trial("r0", suggest_from([]), lambda key, config: 8, cluster)
     second = d.next_trial("r1", suggest_from([]), lambda key, config: 8, cluster)
     assert first.stage is second.stage is Stage.RUNG and len(first.members) == len(second.members) == 1
+
+
+def _to_the_last_rung(cluster):
+    """A driver whose search (8 configurations at S=4, in 2 trials) finished and whose one rung (S=2, before the
+    target) holds 2 started trials; returns it and the rung's trials' member ids."""
+    d = driver(num_samples=8, ladder=True, eta=2, top_k=1, fallback_targets=0, escalate=False, probes=0)
+    suggest = suggest_from([{"lr": i} for i in range(8)])
+    for t in ("t0", "t1"):
+        trial = d.next_trial(t, suggest, lambda key, config: 8, cluster)
+        assert trial.stage is Stage.SEARCH and len(trial.members) == 4  # an even share of each of the 2 slots
+        report(d, t, [m for m, _ in trial.members], lambda m: int(m[1:]) / 10, cluster, seconds=600.0)
+        d.on_trial_complete(t, False, cluster)
+    rung = [d.next_trial(r, suggest, lambda key, config: 8, cluster) for r in ("r0", "r1")]
+    assert [t.stage for t in rung] == [Stage.RUNG] * 2 and d.state.current.rung.scale == 2
+    assert d.policy.next_rung([*d.state.stages, {"m00007": d.state.stages[0]["m00007"]}]).scale == 1  # the last rung
+    return d, [[m for m, _ in t.members] for t in rung]
+
+
+def _targets(d, cluster, values, early):
+    """Close the rung (``r0`` first; ``values``: the rung's member -> acc), asking for a trial in between when
+    ``early``, and finish every target (config index / 10). Returns the target trials started (trial id -> config)."""
+    started = {}
+    (r0, r1) = [[m for m in ids] for ids in d.state.ledger.trials.values()][-2:]
+    report(d, "r0", r0, values.get, cluster)
+    if early:
+        if (trial := d.next_trial("early", suggest_from([]), lambda key, config: 8, cluster)) is not None:
+            started["early"] = trial
+    report(d, "r1", r1, values.get, cluster)
+    while (trial := d.next_trial(f"target{len(started)}", suggest_from([]), lambda key, config: 8, cluster)):
+        started[f"target{len(started)}"] = trial
+    for trial_id, trial in started.items():
+        d.on_target_complete(trial_id, int(trial.members[0][0][1:]) / 10, cluster)
+    return {t: trial.members[0][0] for t, trial in started.items()}
+
+
+@pytest.mark.parametrize("straggler_wins", [False, True])
+def test_the_target_starts_beside_the_last_rungs_straggler_and_returns_what_waiting_returns(straggler_wins):
+    cluster = Cluster(slots=2)
+    runs = {}
+    for early in (False, True):
+        d, (r0, r1) = _to_the_last_rung(cluster)
+        assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None  # both slots hold the rung
+        values = {m: 0.5 + (0.2 if m == r0[0] else 0.0) + (0.3 if straggler_wins and m == r1[0] else 0.0)
+                  for m in r0 + r1}
+        runs[early] = d, _targets(d, cluster, values, early)
+    (waited, waited_targets), (d, targets) = runs[False], runs[True]
+    winner = (r1 if straggler_wins else r0)[0].split("@")[0]
+    assert list(waited_targets.values()) == [winner]
+    # the early target: r0's best, on the slot r0 left idle while r1 trained
+    assert targets["early"] == r0[0].split("@")[0] and d.state.targets["early"] == r0[0].split("@")[0]
+    if straggler_wins:  # r1 changed the winner: its target starts when the rung closes; the early one counts nowhere
+        assert targets == {"early": r0[0].split("@")[0], "target1": winner}
+    else:  # the rung chose the early target's configuration: it is not started again
+        assert targets == {"early": winner}
+    assert d.stage is Stage.DONE and d.done() and waited.stage is Stage.DONE
+    assert d.state.stages == waited.state.stages and d.policy.returned(d.state.stages) == winner
+    assert d.report() == waited.report()
+
+
+def test_no_early_target_without_an_idle_slot_or_a_finished_configuration():
+    cluster = Cluster(slots=2)
+    d, (r0, r1) = _to_the_last_rung(cluster)
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None  # both slots hold the rung
+    report(d, "r0", r0, lambda m: 0.5, cluster, done=False)  # r0 reports but none of its members finished
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None
+    d, (r0, r1) = _to_the_last_rung(Cluster(slots=2))
+    report(d, "r0", r0, lambda m: 0.5, cluster)
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, Cluster(slots=1)) is None  # r1 holds the slot

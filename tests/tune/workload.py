@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,18 @@ class FaultAtEpoch:
             if first:
                 os.kill(os.getpid(), signal.SIGKILL)
         return nn.functional.cross_entropy(output, target)
+
+
+@dataclass
+class Sleeping:
+    """A metric that takes ``seconds`` per member and validation batch (0): a trial's evaluation then takes time in
+    proportion to its members, whatever the machine's load."""
+
+    seconds: float
+
+    def __call__(self, output, target):
+        time.sleep(self.seconds)
+        return 0.0
 
 
 def faults(log: str) -> list[int]:
