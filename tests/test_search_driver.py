@@ -89,8 +89,9 @@ def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
     assert d.stage is Stage.DONE and d.policy.returned(d.state.stages) == "m00002"
 
 
-def test_a_lone_target_trains_on_the_idle_slots_cpus():
-    d, cluster = driver(ladder=False, top_k=1, fallback_targets=0), Cluster(slots=4, node_cpus=8.0)
+@pytest.mark.parametrize("node_cpus, cpus", [(8.0, 4), (4.0, 3), (2.0, None)])
+def test_a_lone_target_trains_on_the_idle_slots_cpus_but_a_core_left_to_ray(node_cpus, cpus):
+    d, cluster = driver(ladder=False, top_k=1, fallback_targets=0), Cluster(slots=4, node_cpus=node_cpus)
     suggest = suggest_from([{"lr": i} for i in range(4)])
     for t in ["t0", "t1", "t2", "t3"]:
         trial = d.next_trial(t, suggest, lambda key, config: 8, cluster)
@@ -98,7 +99,8 @@ def test_a_lone_target_trains_on_the_idle_slots_cpus():
         report(d, t, [m for m, _ in trial.members], lambda m: int(m[1:]) / 10, cluster, seconds=600.0)
         d.on_trial_complete(t, False, cluster)
     target = d.next_trial("target", suggest_from([]), lambda key, config: 8, cluster)
-    assert target.is_target and target.cpus == 4 and "target" in d.state.widened  # 4 slots of 1 CPU, on 1 node of 8
+    # 4 slots of 1 CPU: all of them on a node of 8; on a node of 4 or 2, all but one of its CPUs (1: not widened)
+    assert target.is_target and target.cpus == cpus and ("target" in d.state.widened) == (cpus is not None)
 
 
 @pytest.mark.parametrize("gpu", [0.0, 1.0])
@@ -161,7 +163,7 @@ def _to_the_last_rung(cluster):
 
 def _targets(d, cluster, values, early):
     """Close the rung (``r0`` first; ``values``: the rung's member -> acc), asking for a trial in between when
-    ``early``, and finish every target (config index / 10). Returns the target trials started (trial id -> config)."""
+    ``early``, and finish every target (config index / 10). Returns the target trials started by trial id."""
     started = {}
     (r0, r1) = [[m for m in ids] for ids in d.state.ledger.trials.values()][-2:]
     report(d, "r0", r0, values.get, cluster)
@@ -173,12 +175,12 @@ def _targets(d, cluster, values, early):
         started[f"target{len(started)}"] = trial
     for trial_id, trial in started.items():
         d.on_target_complete(trial_id, int(trial.members[0][0][1:]) / 10, cluster)
-    return {t: trial.members[0][0] for t, trial in started.items()}
+    return started
 
 
 @pytest.mark.parametrize("straggler_wins", [False, True])
 def test_the_target_starts_beside_the_last_rungs_straggler_and_returns_what_waiting_returns(straggler_wins):
-    cluster = Cluster(slots=2)
+    cluster = Cluster(slots=2, node_cpus=8.0)  # a lone target is widened to both slots' CPUs
     runs = {}
     for early in (False, True):
         d, (r0, r1) = _to_the_last_rung(cluster)
@@ -186,13 +188,16 @@ def test_the_target_starts_beside_the_last_rungs_straggler_and_returns_what_wait
         values = {m: 0.5 + (0.2 if m == r0[0] else 0.0) + (0.3 if straggler_wins and m == r1[0] else 0.0)
                   for m in r0 + r1}
         runs[early] = d, _targets(d, cluster, values, early)
-    (waited, waited_targets), (d, targets) = runs[False], runs[True]
+    (waited, waited_trials), (d, trials) = runs[False], runs[True]
+    waited_targets, targets = ({t: trial.members[0][0] for t, trial in run.items()} for run in (waited_trials, trials))
     winner = (r1 if straggler_wins else r0)[0].split("@")[0]
-    assert list(waited_targets.values()) == [winner]
+    assert list(waited_targets.values()) == [winner] and waited_trials["target0"].cpus == 2
+    assert trials["early"].cpus is None  # beside the rung's straggler: the slot's CPUs
     # the early target: r0's best, on the slot r0 left idle while r1 trained
     assert targets["early"] == r0[0].split("@")[0] and d.state.targets["early"] == r0[0].split("@")[0]
     if straggler_wins:  # r1 changed the winner: its target starts when the rung closes; the early one counts nowhere
         assert targets == {"early": r0[0].split("@")[0], "target1": winner}
+        assert trials["target1"].cpus is None  # beside the early target: not widened over its CPUs
     else:  # the rung chose the early target's configuration: it is not started again
         assert targets == {"early": winner}
     assert d.stage is Stage.DONE and d.done() and waited.stage is Stage.DONE
