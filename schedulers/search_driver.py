@@ -6,11 +6,11 @@ plain data to save and restore) and decides from plain inputs: trial ids, member
 the compute a :class:`Cluster` reports. Its decisions are :class:`StageTrial` values; a Ray adapter turns them
 into trial configurations.
 
-Early targets: once every trial of a surrogate rung has started and a trial slot is idle beside its stragglers, the
-configuration the full-size stage after it would train if the rung closed on its finished configurations starts its
-target there (:mod:`schedulers.early_target`). The rung still closes on all its members and the stage after it is
-decided as without the early start: a target it names that started early is not started again, and one it does not
-name counts in no stage unless a later full-size stage names it, so the returned configuration is the same.
+Early targets: once every trial of a surrogate rung has started and a trial slot is idle beside its stragglers, a
+configuration that the full-size stage after the rung trains whatever the stragglers score starts its target there
+(:mod:`schedulers.early_target` states the rule). The rung still closes on all its members and the stage after it is
+decided as without the early start; a target it names that started early is not started again. Only certain
+configurations start early, so every stage's scores and the returned configuration are those of waiting.
 """
 from __future__ import annotations
 
@@ -282,10 +282,9 @@ class SearchDriver:
         return StageTrial(stage, group, FULL_SIZE, current.cpus, source=self._source(state.stages, config_id))
 
     def _early_target(self, trial_id: str, cluster: Cluster) -> StageTrial | None:
-        """A full-size target started beside the rung's stragglers on a trial slot they leave idle, for the
-        configuration the stage after the rung would train if it closed now (:mod:`schedulers.early_target`: the
-        rule and why the returned configuration is the one waiting for the rung returns); ``None`` if there is
-        none or no slot is idle."""
+        """A full-size target started beside the rung's stragglers on a trial slot they leave idle, for a
+        configuration the stage after the rung trains whatever the stragglers score (:mod:`schedulers.early_target`);
+        ``None`` if there is none or no slot is idle."""
         state, current = self.state, self.state.current
         running = sum(any(m not in state.ledger.finished for m in ids) for ids in state.ledger.trials.values())
         if running + self._targets_running() >= cluster.trial_slots():
@@ -295,15 +294,17 @@ class SearchDriver:
         finished = [m for m in finished if seeds[MemberId.parse(m).config] == current.rung.seeds]  # every seed
         partial = scores_of(((MemberId.parse(m).config, self._final_value(m)) for m in finished),
                             self._reached(finished))
-        configs = early_targets(self.policy, state.stages, partial, set(state.targets.values()))
+        unfinished = len({MemberId.parse(m).config for m in current.members if m not in state.ledger.finished})
+        configs = early_targets(self.policy, state.stages, current.rung.scale, partial, unfinished,
+                                set(state.targets.values()))
         if not configs:
             return None
         config_id = configs[0]
         config = state.pool.configs[config_id]
         state.targets[trial_id] = config_id
-        self.log.info("training the full-size target with %s's configuration %s early, beside %d trial(s) of the rung "
-                      "at S=%d (it counts if the rung, once closed, chooses it)", config_id, config, running,
-                      current.rung.scale)
+        self.log.info("training the full-size target with %s's configuration %s beside %d trial(s) of the rung at "
+                      "S=%d: the rung's unfinished configurations cannot change that it is among the top %d",
+                      config_id, config, running, current.rung.scale, self.policy.top_k)
         return StageTrial(Stage.TARGET, [(config_id, config)], FULL_SIZE,
                           source=self._source([*state.stages, partial], config_id))
 

@@ -145,19 +145,20 @@ def test_a_search_whose_members_stopped_early_still_spreads_the_first_rung_over_
     assert first.stage is second.stage is Stage.RUNG and len(first.members) == len(second.members) == 1
 
 
-def _to_the_last_rung(cluster):
-    """A driver whose search (8 configurations at S=4, in 2 trials) finished and whose one rung (S=2, before the
-    target) holds 2 started trials; returns it and the rung's trials' member ids."""
-    d = driver(num_samples=8, ladder=True, eta=2, top_k=1, fallback_targets=0, escalate=False, probes=0)
-    suggest = suggest_from([{"lr": i} for i in range(8)])
+def _to_the_last_rung(cluster, top_k=2):
+    """A driver whose search (6 configurations at S=4, in 2 trials) finished and whose one rung (S=2, before the
+    targets) has started its trials; returns it and the rung's trials' member ids (top_k=2: 3 configurations, in
+    trials of 2 and 1; top_k=1: 2 configurations, in trials of 1)."""
+    d = driver(num_samples=6, ladder=True, eta=2, top_k=top_k, fallback_targets=0, escalate=False, probes=0)
+    suggest = suggest_from([{"lr": i} for i in range(6)])
     for t in ("t0", "t1"):
         trial = d.next_trial(t, suggest, lambda key, config: 8, cluster)
-        assert trial.stage is Stage.SEARCH and len(trial.members) == 4  # an even share of each of the 2 slots
+        assert trial.stage is Stage.SEARCH and len(trial.members) == 3  # an even share of each of the 2 slots
         report(d, t, [m for m, _ in trial.members], lambda m: int(m[1:]) / 10, cluster, seconds=600.0)
         d.on_trial_complete(t, False, cluster)
     rung = [d.next_trial(r, suggest, lambda key, config: 8, cluster) for r in ("r0", "r1")]
     assert [t.stage for t in rung] == [Stage.RUNG] * 2 and d.state.current.rung.scale == 2
-    assert d.policy.next_rung([*d.state.stages, {"m00007": d.state.stages[0]["m00007"]}]).scale == 1  # the last rung
+    assert [len(t.members) for t in rung] == ([2, 1] if top_k == 2 else [1, 1])
     return d, [[m for m, _ in t.members] for t in rung]
 
 
@@ -167,9 +168,8 @@ def _targets(d, cluster, values, early):
     started = {}
     (r0, r1) = [[m for m in ids] for ids in d.state.ledger.trials.values()][-2:]
     report(d, "r0", r0, values.get, cluster)
-    if early:
-        if (trial := d.next_trial("early", suggest_from([]), lambda key, config: 8, cluster)) is not None:
-            started["early"] = trial
+    if early and (trial := d.next_trial("early", suggest_from([]), lambda key, config: 8, cluster)) is not None:
+        started["early"] = trial
     report(d, "r1", r1, values.get, cluster)
     while (trial := d.next_trial(f"target{len(started)}", suggest_from([]), lambda key, config: 8, cluster)):
         started[f"target{len(started)}"] = trial
@@ -178,39 +178,41 @@ def _targets(d, cluster, values, early):
     return started
 
 
-@pytest.mark.parametrize("straggler_wins", [False, True])
-def test_the_target_starts_beside_the_last_rungs_straggler_and_returns_what_waiting_returns(straggler_wins):
+def config_of(member):
+    return member.split("@")[0]
+
+
+@pytest.mark.parametrize("straggler", [0.9, 0.1])  # the straggler's score: first or last in the rung
+def test_a_target_the_stragglers_cannot_change_starts_beside_them_and_the_run_returns_what_waiting_returns(straggler):
     cluster = Cluster(slots=2, node_cpus=8.0)  # a lone target is widened to both slots' CPUs
     runs = {}
     for early in (False, True):
         d, (r0, r1) = _to_the_last_rung(cluster)
         assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None  # both slots hold the rung
-        values = {m: 0.5 + (0.2 if m == r0[0] else 0.0) + (0.3 if straggler_wins and m == r1[0] else 0.0)
-                  for m in r0 + r1}
+        values = {r0[0]: 0.5, r0[1]: 0.7, r1[0]: straggler}
         runs[early] = d, _targets(d, cluster, values, early)
     (waited, waited_trials), (d, trials) = runs[False], runs[True]
-    waited_targets, targets = ({t: trial.members[0][0] for t, trial in run.items()} for run in (waited_trials, trials))
-    winner = (r1 if straggler_wins else r0)[0].split("@")[0]
-    assert list(waited_targets.values()) == [winner] and waited_trials["target0"].cpus == 2
-    assert trials["early"].cpus is None  # beside the rung's straggler: the slot's CPUs
-    # the early target: r0's best, on the slot r0 left idle while r1 trained
-    assert targets["early"] == r0[0].split("@")[0] and d.state.targets["early"] == r0[0].split("@")[0]
-    if straggler_wins:  # r1 changed the winner: its target starts when the rung closes; the early one counts nowhere
-        assert targets == {"early": r0[0].split("@")[0], "target1": winner}
-        assert trials["target1"].cpus is None  # beside the early target: not widened over its CPUs
-    else:  # the rung chose the early target's configuration: it is not started again
-        assert targets == {"early": winner}
+    # top_k=2 of 3: r0's best ranks in the top 2 whatever the one configuration left scores, so it starts beside r1
+    assert trials["early"].members[0][0] == config_of(r0[1]) and trials["early"].cpus is None  # the slot's CPUs
+    chosen = {config_of(r0[1]), config_of(r1[0]) if straggler > 0.5 else config_of(r0[0])}
+    assert {t.members[0][0] for t in waited_trials.values()} == {t.members[0][0] for t in trials.values()} == chosen
+    assert len(trials) == 2  # the early target is not started again
     assert d.stage is Stage.DONE and d.done() and waited.stage is Stage.DONE
-    assert d.state.stages == waited.state.stages and d.policy.returned(d.state.stages) == winner
+    assert d.state.stages == waited.state.stages and d.policy.returned(d.state.stages) == \
+        waited.policy.returned(waited.state.stages)
     assert d.report() == waited.report()
 
 
-def test_no_early_target_without_an_idle_slot_or_a_finished_configuration():
+def test_no_early_target_while_a_straggler_can_change_it_or_without_an_idle_slot():
     cluster = Cluster(slots=2)
+    d, (r0, r1) = _to_the_last_rung(cluster, top_k=1)
+    report(d, "r0", r0, lambda m: 0.9, cluster)
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None  # r1 can still finish first
+    report(d, "r1", r1, lambda m: 0.1, cluster)
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster).members[0][0] == config_of(r0[0])
     d, (r0, r1) = _to_the_last_rung(cluster)
-    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None  # both slots hold the rung
     report(d, "r0", r0, lambda m: 0.5, cluster, done=False)  # r0 reports but none of its members finished
     assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None
-    d, (r0, r1) = _to_the_last_rung(Cluster(slots=2))
     report(d, "r0", r0, lambda m: 0.5, cluster)
     assert d.next_trial("x", suggest_from([]), lambda key, config: 8, Cluster(slots=1)) is None  # r1 holds the slot
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster).is_target  # a second slot: it starts

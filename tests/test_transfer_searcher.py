@@ -517,8 +517,8 @@ def test_the_target_starts_beside_the_last_rungs_straggler_with_the_same_returne
     from hydro.tune.run import fit
     from tests.tune.workload import Sleeping
 
-    # evaluation takes 4 s per member: the last rung's 3 configurations at S=2 in trials of 2 and 1 (top_k=2 keeps
-    # the rung whole) end 4 s apart, the one of 1 first
+    # evaluation takes 4 s per member: the last rung's 3 configurations at S=2 in trials of 2 and 1 end 4 s apart, the
+    # one of 1 first; with top_k=3 all 3 train at full size, so its configuration starts its target beside the other
     monkeypatch.setattr(driver_module, "TRIAL_OVERHEAD_S", 0.0)
     workload = spec(epochs=1, model=lambda config: MLP((64, 64, 64, 10)), metrics={"val_acc": accuracy,
                                                                                   "slow": Sleeping(4.0)})
@@ -527,13 +527,13 @@ def test_the_target_starts_beside_the_last_rungs_straggler_with_the_same_returne
         if not early:
             monkeypatch.setattr(driver_module, "early_targets", lambda *args: [])
         results, searcher = fit(workload, SPACE, num_samples=6, fusion=6, scale=4, seed=0, ladder=True, eta=2,
-                                top_k=2, fallback_targets=0, escalate=False, probes=0, storage_path=str(tmp_path),
+                                top_k=3, fallback_targets=0, escalate=False, probes=0, storage_path=str(tmp_path),
                                 name=f"early_{early}", verbose=0)
         assert not results.errors
         trials = [(plan_of(r.config), r.metrics) for r in results]
         rung = sorted(((len(plan.members), m) for plan, m in trials if plan.scale == 2), key=lambda t: t[0])
         targets = [m for plan, m in trials if plan.kind == TrialKind.TARGET]
-        assert [n for n, _ in rung] == [1, 2] and len(targets) >= 2
+        assert [n for n, _ in rung] == [1, 2] and len(targets) == 3
         (_, one), (_, two) = rung
         if early and (one["trial_started_at"] > two["reported_at"] or two["trial_started_at"] > one["reported_at"]):
             pytest.skip("the rung's trials ran one after the other: the loaded machine started no second worker in "
