@@ -119,7 +119,7 @@ def main() -> int:
     spec.device, spec.data_workers = args.device, args.data_workers
     drawn = RandomSearch(space, seed=args.seed)
     configs = [drawn.suggest(str(i)) for i in range(args.samples)]
-    ray.init(num_cpus=args.concurrency, include_dashboard=False,
+    ray.init(address="local", num_cpus=args.concurrency, include_dashboard=False,
              runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath(str(ROOT))}})
     scheduler = (lambda: asha(spec)) if args.scheduler == "asha" else (lambda: None)
     hydro_options = dict(num_samples=args.samples, storage_path=args.storage, seed=args.seed, verbose=0,

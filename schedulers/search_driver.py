@@ -5,6 +5,12 @@ the width-ladder rungs to the full-size targets and the fallback targets, and wh
 plain data to save and restore) and decides from plain inputs: trial ids, member results, trials' seconds and
 the compute a :class:`Cluster` reports. Its decisions are :class:`StageTrial` values; a Ray adapter turns them
 into trial configurations.
+
+Early targets: once every trial of a surrogate rung has started and a trial slot is idle beside its stragglers, a
+configuration that the full-size stage after the rung trains whatever the stragglers score starts its target there
+(:mod:`schedulers.early_target` states the rule). The rung still closes on all its members and the stage after it is
+decided as without the early start; a target it names that started early is not started again. Only certain
+configurations start early, so every stage's scores and the returned configuration are those of waiting.
 """
 from __future__ import annotations
 
@@ -12,10 +18,12 @@ import dataclasses
 import enum
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from schedulers.early_target import early_targets
 from schedulers.member_id import MemberId
 from schedulers.member_ledger import EventKind, MemberEvent, MemberLedger
 from schedulers.member_pool import Member, MemberPool, Suggestion
@@ -91,8 +99,8 @@ class DriverState:
     ``pool``/``ledger``: the members drawn and their results; ``trial_groups``: surrogate search trial -> its
     members' group key; ``trial_seconds``: finished surrogate trial -> its seconds of training; ``stages``: scores
     of the finished stages (config id -> score), the search's first; ``current``: the stage in progress;
-    ``targets``: full-size trial id -> config id; ``target_values``: config id -> the final value of its target
-    (``None``: failed before a report); ``forwarded``: configs whose completion the inner searcher heard;
+    ``targets``: full-size trial id -> config id (early ones included); ``target_values``: config id -> the final
+    value of its target (``None``: failed before a report); ``forwarded``: configs whose completion the inner searcher heard;
     ``widened``: trials that train on more CPUs than the trainable's request; ``slots``: the trial slots the
     rungs fill (fixed when the stages start; 1 for GPU trials, whose time hardly grows with their members);
     ``started``: every trial of the stages has started."""
@@ -223,7 +231,8 @@ class SearchDriver:
     def on_target_complete(self, trial_id: str, value: float | None, cluster: Cluster) -> None:
         """Target trial ``trial_id`` ended with final objective ``value`` (``None``: no report)."""
         self.state.target_values[self.state.targets[trial_id]] = value
-        self._advance(cluster)
+        if self.state.current is not None:  # an early target the stages did not choose may end after them
+            self._advance(cluster)
 
     def on_trial_complete(self, trial_id: str, error: bool, cluster: Cluster) -> list[MemberEvent]:
         """Surrogate trial ``trial_id`` ended (``error``: in an error). Returns what the inner searcher must hear."""
@@ -268,7 +277,7 @@ class SearchDriver:
             self._advance(cluster)
         current = state.current
         if current is None or not current.waiting:
-            return None
+            return self._early_target(trial_id, cluster) if self.stage is Stage.RUNG else None
         stage, group = self.stage, current.waiting.pop(0)
         if current.cpus:
             state.widened.add(trial_id)
@@ -278,10 +287,44 @@ class SearchDriver:
         ((config_id, config),) = group
         state.targets[trial_id] = config_id
         state.started = not current.waiting and self.policy.final(state.stages)
-        trail = self.policy.trail(state.stages, config_id)
-        source = {"member": config_id, self.metric: trail[-1][1].mean, "scores": {str(s): str(v) for s, v in trail}}
         self.log.info("training the full-size target with %s's configuration %s", config_id, config)
-        return StageTrial(stage, group, FULL_SIZE, current.cpus, source=source)
+        return StageTrial(stage, group, FULL_SIZE, current.cpus, source=self._source(state.stages, config_id))
+
+    def _early_target(self, trial_id: str, cluster: Cluster) -> StageTrial | None:
+        """A full-size target started beside the rung's stragglers on a trial slot they leave idle, for a
+        configuration the stage after the rung trains whatever the stragglers score (:mod:`schedulers.early_target`);
+        ``None`` if there is none or no slot is idle."""
+        state, current = self.state, self.state.current
+        running = sum(any(m not in state.ledger.finished for m in ids) for ids in state.ledger.trials.values())
+        if running + self._targets_running() >= cluster.trial_slots():
+            return None
+        finished = [m for m in current.members if m in state.ledger.finished]
+        seeds = Counter(MemberId.parse(m).config for m in finished)
+        finished = [m for m in finished if seeds[MemberId.parse(m).config] == current.rung.seeds]  # every seed
+        partial = scores_of(((MemberId.parse(m).config, self._final_value(m)) for m in finished),
+                            self._reached(finished))
+        unfinished = len({MemberId.parse(m).config for m in current.members if m not in state.ledger.finished})
+        configs = early_targets(self.policy, state.stages, current.rung.scale, partial, unfinished,
+                                set(state.targets.values()))
+        if not configs:
+            return None
+        config_id = configs[0]
+        config = state.pool.configs[config_id]
+        state.targets[trial_id] = config_id
+        self.log.info("training the full-size target with %s's configuration %s beside %d trial(s) of the rung at "
+                      "S=%d: the rung's unfinished configurations cannot change that it is among the top %d",
+                      config_id, config, running, current.rung.scale, self.policy.top_k)
+        return StageTrial(Stage.TARGET, [(config_id, config)], FULL_SIZE,
+                          source=self._source([*state.stages, partial], config_id))
+
+    def _source(self, stages: list[dict[str, Score]], config_id: str) -> dict:
+        """A target's provenance: its configuration, its score at the finest scale of ``stages`` and per scale."""
+        trail = self.policy.trail(stages, config_id)
+        return {"member": config_id, self.metric: trail[-1][1].mean, "scores": {str(s): str(v) for s, v in trail}}
+
+    def _targets_running(self) -> int:
+        """Full-size targets started that have not ended."""
+        return sum(c not in self.state.target_values for c in self.state.targets.values())
 
     def _advance(self, cluster: Cluster) -> None:
         """Close the stage in progress once all of it finished, and queue the next (or end the stages)."""
@@ -304,13 +347,16 @@ class SearchDriver:
             self._finish()
             return
         configs = {c: state.pool.configs[c] for c in rung.configs}
-        if rung.scale == FULL_SIZE:
-            waiting = [[(c, config)] for c, config in configs.items()]
+        if rung.scale == FULL_SIZE:  # a target started early is not started again
+            waiting = [[(c, config)] for c, config in configs.items() if c not in state.targets.values()]
             state.current = StageRun(rung, [], waiting, self._stage_cpus(len(waiting), self._rung_seconds(
-                1, FULL_SIZE), cluster))
+                1, FULL_SIZE), cluster) if waiting else None)
             if rung.kind == RungKind.FALLBACK:
                 self.log.warning("transfer check: %s: training %d fallback target(s) at full size, %s, and returning "
                                  "the best full-size one", rung.why, len(configs), ", ".join(configs))
+            if not waiting:  # all started early: the stage closes when they have ended
+                state.started = self.policy.final(state.stages)
+                self._advance(cluster)
             return
         members = [(str(MemberId(c, rung.scale, s)), config) for c, config in configs.items()
                    for s in range(rung.seeds)]
@@ -371,15 +417,16 @@ class SearchDriver:
     def _stage_cpus(self, trials: int, work_s: float | None, cluster: Cluster) -> int | None:
         """CPUs for each of a stage's ``trials`` (``work_s``: the longest one's estimated seconds of training in
         one slot) when they leave trial slots idle and nothing else trains: the idle slots' CPUs shared among them
-        (torch threads; at most one node's), so that a lone target trains on every core the run's slots hold, when
+        (torch threads; at most one node's less one, which Ray's own processes and the driver keep: OpenMP threads on
+        every core spin-wait against them), so that a lone target trains on the cores the run's slots hold, when
         that saves more than a trial's start, as :func:`rung_trials` spreads a
         rung; ``None`` (the trainable's request) otherwise, for GPU trials (their GPU does the work) and while
-        search members still train."""
+        search members or targets still train."""
         request, slots = cluster.trial_request(), cluster.trial_slots()
-        if trials >= slots or request.get("GPU", 0.0) or self.state.ledger.running():
+        if trials >= slots or request.get("GPU", 0.0) or self.state.ledger.running() or self._targets_running():
             return None
         cpus = int(min(request.get("CPU", 1.0) * rung_trials(work_s, slots // trials, TRIAL_OVERHEAD_S),
-                       cluster.node_cpus()))
+                       cluster.node_cpus() - 1))
         return cpus if cpus > request.get("CPU", 1.0) else None
 
     def _rung_seconds(self, members: int, scale: int) -> float | None:

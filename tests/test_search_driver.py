@@ -89,8 +89,9 @@ def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
     assert d.stage is Stage.DONE and d.policy.returned(d.state.stages) == "m00002"
 
 
-def test_a_lone_target_trains_on_the_idle_slots_cpus():
-    d, cluster = driver(ladder=False, top_k=1, fallback_targets=0), Cluster(slots=4, node_cpus=8.0)
+@pytest.mark.parametrize("node_cpus, cpus", [(8.0, 4), (4.0, 3), (2.0, None)])
+def test_a_lone_target_trains_on_the_idle_slots_cpus_but_a_core_left_to_ray(node_cpus, cpus):
+    d, cluster = driver(ladder=False, top_k=1, fallback_targets=0), Cluster(slots=4, node_cpus=node_cpus)
     suggest = suggest_from([{"lr": i} for i in range(4)])
     for t in ["t0", "t1", "t2", "t3"]:
         trial = d.next_trial(t, suggest, lambda key, config: 8, cluster)
@@ -98,7 +99,8 @@ def test_a_lone_target_trains_on_the_idle_slots_cpus():
         report(d, t, [m for m, _ in trial.members], lambda m: int(m[1:]) / 10, cluster, seconds=600.0)
         d.on_trial_complete(t, False, cluster)
     target = d.next_trial("target", suggest_from([]), lambda key, config: 8, cluster)
-    assert target.is_target and target.cpus == 4 and "target" in d.state.widened  # 4 slots of 1 CPU, on 1 node of 8
+    # 4 slots of 1 CPU: all of them on a node of 8; on a node of 4 or 2, all but one of its CPUs (1: not widened)
+    assert target.is_target and target.cpus == cpus and ("target" in d.state.widened) == (cpus is not None)
 
 
 @pytest.mark.parametrize("gpu", [0.0, 1.0])
@@ -161,3 +163,76 @@ def test_rungs_train_and_group_the_configurations_as_the_search_trained_them():
     assert batches == [[16], [32]]  # one fused trial per batch size, each as its members trained
     assert sorted(m for members in trials for m, _ in members) == sorted(
         f"{c}@2" for c in d.state.current.rung.configs)
+
+
+def _to_the_last_rung(cluster, top_k=2):
+    """A driver whose search (6 configurations at S=4, in 2 trials) finished and whose one rung (S=2, before the
+    targets) has started its trials; returns it and the rung's trials' member ids (top_k=2: 3 configurations, in
+    trials of 2 and 1; top_k=1: 2 configurations, in trials of 1)."""
+    d = driver(num_samples=6, ladder=True, eta=2, top_k=top_k, fallback_targets=0, escalate=False, probes=0)
+    suggest = suggest_from([{"lr": i} for i in range(6)])
+    for t in ("t0", "t1"):
+        trial = d.next_trial(t, suggest, lambda key, config: 8, cluster)
+        assert trial.stage is Stage.SEARCH and len(trial.members) == 3  # an even share of each of the 2 slots
+        report(d, t, [m for m, _ in trial.members], lambda m: int(m[1:]) / 10, cluster, seconds=600.0)
+        d.on_trial_complete(t, False, cluster)
+    rung = [d.next_trial(r, suggest, lambda key, config: 8, cluster) for r in ("r0", "r1")]
+    assert [t.stage for t in rung] == [Stage.RUNG] * 2 and d.state.current.rung.scale == 2
+    assert [len(t.members) for t in rung] == ([2, 1] if top_k == 2 else [1, 1])
+    return d, [[m for m, _ in t.members] for t in rung]
+
+
+def _targets(d, cluster, values, early):
+    """Close the rung (``r0`` first; ``values``: the rung's member -> acc), asking for a trial in between when
+    ``early``, and finish every target (config index / 10). Returns the target trials started by trial id."""
+    started = {}
+    (r0, r1) = [[m for m in ids] for ids in d.state.ledger.trials.values()][-2:]
+    report(d, "r0", r0, values.get, cluster)
+    if early and (trial := d.next_trial("early", suggest_from([]), lambda key, config: 8, cluster)) is not None:
+        started["early"] = trial
+    report(d, "r1", r1, values.get, cluster)
+    while (trial := d.next_trial(f"target{len(started)}", suggest_from([]), lambda key, config: 8, cluster)):
+        started[f"target{len(started)}"] = trial
+    for trial_id, trial in started.items():
+        d.on_target_complete(trial_id, int(trial.members[0][0][1:]) / 10, cluster)
+    return started
+
+
+def config_of(member):
+    return member.split("@")[0]
+
+
+@pytest.mark.parametrize("straggler", [0.9, 0.1])  # the straggler's score: first or last in the rung
+def test_a_target_the_stragglers_cannot_change_starts_beside_them_and_the_run_returns_what_waiting_returns(straggler):
+    cluster = Cluster(slots=2, node_cpus=8.0)  # a lone target is widened to both slots' CPUs
+    runs = {}
+    for early in (False, True):
+        d, (r0, r1) = _to_the_last_rung(cluster)
+        assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None  # both slots hold the rung
+        values = {r0[0]: 0.5, r0[1]: 0.7, r1[0]: straggler}
+        runs[early] = d, _targets(d, cluster, values, early)
+    (waited, waited_trials), (d, trials) = runs[False], runs[True]
+    # top_k=2 of 3: r0's best ranks in the top 2 whatever the one configuration left scores, so it starts beside r1
+    assert trials["early"].members[0][0] == config_of(r0[1]) and trials["early"].cpus is None  # the slot's CPUs
+    chosen = {config_of(r0[1]), config_of(r1[0]) if straggler > 0.5 else config_of(r0[0])}
+    assert {t.members[0][0] for t in waited_trials.values()} == {t.members[0][0] for t in trials.values()} == chosen
+    assert len(trials) == 2  # the early target is not started again
+    assert d.stage is Stage.DONE and d.done() and waited.stage is Stage.DONE
+    assert d.state.stages == waited.state.stages and d.policy.returned(d.state.stages) == \
+        waited.policy.returned(waited.state.stages)
+    assert d.report() == waited.report()
+
+
+def test_no_early_target_while_a_straggler_can_change_it_or_without_an_idle_slot():
+    cluster = Cluster(slots=2)
+    d, (r0, r1) = _to_the_last_rung(cluster, top_k=1)
+    report(d, "r0", r0, lambda m: 0.9, cluster)
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None  # r1 can still finish first
+    report(d, "r1", r1, lambda m: 0.1, cluster)
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster).members[0][0] == config_of(r0[0])
+    d, (r0, r1) = _to_the_last_rung(cluster)
+    report(d, "r0", r0, lambda m: 0.5, cluster, done=False)  # r0 reports but none of its members finished
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster) is None
+    report(d, "r0", r0, lambda m: 0.5, cluster)
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, Cluster(slots=1)) is None  # r1 holds the slot
+    assert d.next_trial("x", suggest_from([]), lambda key, config: 8, cluster).is_target  # a second slot: it starts

@@ -326,7 +326,8 @@ def test_a_searcher_saved_before_the_search_driver_restores_mid_rung(monkeypatch
 
 @pytest.mark.parametrize("gpus, max_concurrent, search_s, rung_cpus, target_cpus", [
     (0, 2, 60.0, [None, None], 2),  # 2 slots of 1 CPU: the rung fills them; the lone target trains on both slots' CPUs
-    (0, None, 60.0, [4, 4, 4, 4], 16),  # the node's 16 slots: the rung's 4 trials on 4 CPUs each, the target on 16
+    (0, None, 60.0, [4, 4, 4, 4], 15),  # the node's 16 slots: the rung's 4 trials on 4 CPUs each, the target on 15
+                                       # (a core left to Ray's processes)
     (0, 2, 0.2, [None], None),  # a target of 0.4 s: a second CPU would save less than a new trial's start costs
     (0, 1, 60.0, [None], None),  # max_concurrent_trials=1: no slot idle
     (1, None, 60.0, [None, None], None),  # GPU trials: their GPU does the work
@@ -387,29 +388,32 @@ def test_a_plain_tuner_without_a_param_space_spreads_the_search_over_the_trial_s
     assert sorted(len(plan_of(r.config).members) for r in results) == [2, 2]
 
 
-def test_fit_trains_the_lone_target_on_the_cpus_of_both_trial_slots(ray_cluster, tmp_path, monkeypatch):
+@pytest.mark.parametrize("node_cpus, target", [(2.0, (None, 1.0, 1)), (3.0, (2, 2.0, 2))])
+def test_every_trial_trains_with_the_torch_threads_of_the_cpus_ray_granted_it(ray_cluster, tmp_path, monkeypatch,
+                                                                              node_cpus, target):
+    import hydro.tune.search.searcher as searcher_module
     import schedulers.search_driver as driver_module
     from hydro.tune.run import fit
 
     monkeypatch.setattr(driver_module, "TRIAL_OVERHEAD_S", 0.0)  # this tiny target is worth widening at any cost
+    # the driver leaves one of a node's CPUs to Ray's processes: the 2-CPU node widens nothing; told it has 3, it
+    # widens the lone target to the 2 CPUs of both slots
+    monkeypatch.setattr(searcher_module._RayCluster, "node_cpus", lambda self: node_cpus)
 
     results, _ = fit(spec(epochs=1), SPACE, num_samples=4, fusion=4, scale=2, seed=0, storage_path=str(tmp_path),
-                     name="wide_target", verbose=0)
+                     name=f"wide_target_{node_cpus:g}", verbose=0)
     assert not results.errors
     cpus = sorted((plan_of(r.config).kind.value, plan_of(r.config).cpus, r.metrics["trial_cpus"],
                    r.metrics["torch_threads"]) for r in results)
-    # the search as 2 trials of 1 CPU on the 2-CPU cluster, then the target alone on both CPUs as torch threads, in a
-    # worker of the trainable's 1 CPU: one of the search's warm workers
-    assert cpus == [("surrogate", None, 1.0, 1), ("surrogate", None, 1.0, 1), ("target", 2, 1.0, 2)]
-    target, = (r for r in results if plan_of(r.config).kind == TrialKind.TARGET)
-    assert target.metrics["worker_trials"] > 1
-    assert target.metrics["worker_pid"] in {r.metrics["worker_pid"] for r in results if r is not target}
+    # the search as 2 trials of 1 CPU on the 2-CPU cluster, then the target alone: a widened one asks Ray for its CPUs
+    # and trains on them as torch threads, never on more threads than Ray granted it
+    assert cpus == [("surrogate", None, 1.0, 1), ("surrogate", None, 1.0, 1), ("target", *target)]
 
 
 def test_the_stages_of_a_run_reuse_warm_workers_with_the_same_results(ray_cluster, tmp_path, monkeypatch):
     import schedulers.search_driver as driver_module
 
-    monkeypatch.setattr(driver_module, "TRIAL_OVERHEAD_S", 0.0)  # the rung and the target train on both CPUs
+    monkeypatch.setattr(driver_module, "TRIAL_OVERHEAD_S", 0.0)  # the rung spreads over both slots
     workload = spec(epochs=2, model=lambda config: MLP((64, 64, 64, 10)))
     runs = {}
     for reuse in (True, False):
@@ -423,7 +427,7 @@ def test_the_stages_of_a_run_reuse_warm_workers_with_the_same_results(ray_cluste
         assert not runs[reuse].errors
     warm, cold = ([(plan_of(r.config), r.metrics) for r in runs[reuse]] for reuse in (True, False))
     assert {plan.kind for plan, _ in warm} == {TrialKind.SURROGATE, TrialKind.TARGET}
-    assert any(plan.cpus for plan, _ in warm)  # a widened stage: before, a trial of another Ray request
+    assert not any(plan.cpus for plan, _ in warm)  # the 2-CPU node: no stage is widened (a core stays Ray's)
     # every stage in the 2 trial slots' warm workers (search, rung, target); without reuse, a process per trial (how
     # many trials a rung takes depends on its measured time)
     assert len({m["worker_pid"] for _, m in warm}) <= 2 < len(warm)
@@ -504,3 +508,38 @@ def test_ladder_seeds_and_top_k_on_a_local_cluster(ray_cluster, tmp_path):
                 assert math.isfinite(first[f"members/{member}/train_loss"])
                 assert math.isnan(first[f"members/{member}/val_acc"]) == (plan.scale == 2)
                 assert math.isfinite(last[f"members/{member}/val_acc"])
+
+
+def test_the_target_starts_beside_the_last_rungs_straggler_with_the_same_returned_configuration(
+        ray_cluster, tmp_path, monkeypatch):
+    import schedulers.search_driver as driver_module
+    from hydro.tune import accuracy
+    from hydro.tune.run import fit
+    from tests.tune.workload import Sleeping
+
+    # evaluation takes 4 s per member: the last rung's 3 configurations at S=2 in trials of 2 and 1 end 4 s apart, the
+    # one of 1 first; with top_k=3 all 3 train at full size, so its configuration starts its target beside the other
+    monkeypatch.setattr(driver_module, "TRIAL_OVERHEAD_S", 0.0)
+    workload = spec(epochs=1, model=lambda config: MLP((64, 64, 64, 10)), metrics={"val_acc": accuracy,
+                                                                                  "slow": Sleeping(4.0)})
+    runs = {}
+    for early in (True, False):
+        if not early:
+            monkeypatch.setattr(driver_module, "early_targets", lambda *args: [])
+        results, searcher = fit(workload, SPACE, num_samples=6, fusion=6, scale=4, seed=0, ladder=True, eta=2,
+                                top_k=3, fallback_targets=0, escalate=False, probes=0, storage_path=str(tmp_path),
+                                name=f"early_{early}", verbose=0)
+        assert not results.errors
+        trials = [(plan_of(r.config), r.metrics) for r in results]
+        rung = sorted(((len(plan.members), m) for plan, m in trials if plan.scale == 2), key=lambda t: t[0])
+        targets = [m for plan, m in trials if plan.kind == TrialKind.TARGET]
+        assert [n for n, _ in rung] == [1, 2] and len(targets) == 3
+        (_, one), (_, two) = rung
+        if early and (one["trial_started_at"] > two["reported_at"] or two["trial_started_at"] > one["reported_at"]):
+            pytest.skip("the rung's trials ran one after the other: the loaded machine started no second worker in "
+                        "time, so there was no straggler to overlap")
+        overlap = min(t["trial_started_at"] for t in targets) < two["reported_at"]
+        runs[early] = overlap, searcher.driver.state.stages, best_configuration(results, workload)["config"]
+    (overlap, stages, returned), (overlap_waiting, stages_waiting, returned_waiting) = runs[True], runs[False]
+    assert overlap and not overlap_waiting  # a target trained while the rung's trial of 2 still did
+    assert stages == stages_waiting and returned == returned_waiting  # every stage's scores, the target's included

@@ -34,8 +34,8 @@ class TrialPlan:
     stopping service, no inner searcher, no trial-level objective), so earlier epochs skip evaluation, except the
     milestones of ``halving``: a rung trial's successive halving over epochs, decided inside the trial (``None``: all
     its members train every epoch);
-    ``cpus``: CPUs the trial trains with (torch threads, in a worker of the trainable's Ray request: idle slots'
-    CPUs of the run), ``None``: the trainable's request."""
+    ``cpus``: CPUs the trial asks Ray for and trains with as torch threads (idle slots' CPUs of the run), ``None``:
+    the trainable's request."""
 
     kind: TrialKind
     members: list[tuple[str, dict]]

@@ -53,6 +53,18 @@ class FaultAtEpoch:
         return nn.functional.cross_entropy(output, target)
 
 
+@dataclass
+class Sleeping:
+    """A metric that takes ``seconds`` per member and validation batch (0): a trial's evaluation then takes time in
+    proportion to its members, whatever the machine's load."""
+
+    seconds: float
+
+    def __call__(self, output, target):
+        time.sleep(self.seconds)
+        return 0.0
+
+
 def faults(log: str) -> list[int]:
     """The pids that hit a :class:`FaultAtEpoch` fault, one per hit."""
     with open(log) as f:

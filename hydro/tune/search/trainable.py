@@ -33,6 +33,7 @@ from hydro.trial.check import describe
 from hydro.trial.data import DataSource
 from hydro.trial.device import resolve_device
 from hydro.trial.fusion import fusion_in_trial, plans_in_process
+from hydro.trial.plan import plan_of
 from hydro.trial.memory import gpu_share_bytes
 from hydro.trial.spec import TuneSpec
 from hydro.trial.surrogate import templates_in_process
@@ -61,7 +62,6 @@ def _process_started_at() -> float:
 
 _PROCESS_STARTED_AT = _process_started_at()
 _TRIALS_IN_PROCESS = 0  # trials this process has run (1: a fresh worker)
-_PROCESS_THREADS = torch.get_num_threads()  # the torch threads of this worker's Ray CPUs (Ray sets OMP_NUM_THREADS)
 
 
 def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
@@ -97,10 +97,13 @@ def trainable(spec: TuneSpec, data: tuple[DataSource, DataSource] | None = None,
     request = {name.upper(): amount for name, amount in resources.items()}
 
     def trial_request(config: dict) -> tune.PlacementGroupFactory:
-        # one request for every plan (Tune reuses a worker only for a trial of the same request): a wider plan's CPUs
-        # are torch threads in its worker (run_trial); a placement adds its GPU type's resource
+        # one request for every plan but a wider one (Tune reuses a worker only for a trial of the same request):
+        # a wider plan asks Ray for its CPUs, which it trains on as torch threads (run_trial); a placement adds its
+        # GPU type's resource
         placed = dict(config[PLACEMENT_KEY].resources) if PLACEMENT_KEY in config else {}
-        return tune.PlacementGroupFactory([{**request, **placed}])
+        cpus = plan_of(config).cpus
+        wider = {"CPU": float(cpus)} if cpus and cpus > request.get("CPU", 1.0) else {}
+        return tune.PlacementGroupFactory([{**request, **wider, **placed}])
 
     return tune.with_resources(function, trial_request)
 
@@ -159,9 +162,7 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
     session = MemberSession(config, spec.metric, spec.mode, state["member_ids"] if state else None,
                             state["epoch"] if state else 0)
     with session.failing():  # an error of the trial's own code fails its members; it is not retried
-        # a wider trial (a stage that leaves trial slots idle) trains on their CPUs as torch threads in a worker of
-        # the trainable's one resource shape, so that Tune reuses the run's warm workers across its stages
-        torch.set_num_threads(session.plan.cpus or _PROCESS_THREADS)
+        torch.set_num_threads(granted_threads())  # set for every trial: a reused worker's last one may have differed
         gpu_ids = ray.get_gpu_ids()
         device = resolve_device(spec.device, gpu_ids)
         budget = _gpu_share_bytes(spec, device)
@@ -196,6 +197,12 @@ def run_trial(spec: TuneSpec, config: dict, data: tuple[DataSource, DataSource] 
         finally:
             if meter is not None:
                 meter.close()
+
+
+def granted_threads() -> int:
+    """The torch threads a trial trains with: the CPUs Ray granted it (at least 1). More threads than granted CPUs
+    share cores with whatever else runs there, where OpenMP's spin-waiting threads slow every step many times."""
+    return max(1, int(tune.get_context().get_trial_resources().required_resources.get("CPU", 1.0)))
 
 
 def _train(spec: TuneSpec, trial: FusedTrial, session: MemberSession, meter: EnergyObserver | None,
