@@ -8,7 +8,7 @@ import pytest
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.rung_halving import RungHalving, fraction
 from schedulers.search_driver import SearchDriver, Stage
-from schedulers.transfer import Rung, RungKind, Score, TransferPolicy, scores_of
+from schedulers.transfer import RungKind, Score, TransferPolicy, scores_of
 
 
 def test_a_rung_trial_cuts_by_eta_at_its_milestones_down_to_its_survivors():
