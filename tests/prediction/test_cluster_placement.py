@@ -150,8 +150,8 @@ def test_cluster_and_simulation_refuse_impossible_input():
 
 def test_the_benchmark_records_its_assumed_constants_and_the_gains_sensitivity_to_them(tmp_path, capsys):
     """``benchmarks/cluster_placement.py`` at tiny sizes: its JSON records every assumed speed and overhead and
-    what holds by construction, and its speed sweep covers every (overhead, speed scale) and load; at the assumed
-    constants the sweep reproduces the main table's gains."""
+    what holds by construction and the prior its learned speeds start from, and its speed sweep covers every
+    (overhead, speed scale) and load; at the assumed constants the sweep reproduces the main table's gains."""
     import json
 
     from benchmarks.cluster_placement import LOADS, main
@@ -159,7 +159,7 @@ def test_the_benchmark_records_its_assumed_constants_and_the_gains_sensitivity_t
     main(["--jobs", "3", "--seeds", "1", "--overheads-ms", "0", "8", "--speed-scales", "0", "1",
           "--out", str(tmp_path)])
     printed = capsys.readouterr().out
-    assert "assumed constants" in printed and "sensitivity to the assumed speeds" in printed
+    assert "assumed constants of the simulated cluster" in printed and "sensitivity to the true speeds" in printed
     record = json.loads((tmp_path / "cluster_placement.json").read_text())
     assumed = record["assumptions"]
     assert {name: (g["count"], g["rate"], g["overhead_s"]) for name, g in assumed["gpu_types"].items()} == {
@@ -178,9 +178,9 @@ def test_the_benchmark_records_its_assumed_constants_and_the_gains_sensitivity_t
     assert all(r["rates"] == {"H100": 1.0, "A100": 1.0, "V100": 1.0} for r in equal)
     for load in LOADS:
         at_assumed = next(r for r in sweep if r["load"] == load and (r["overhead_s"], r["speed_scale"]) == (0.008, 1))
-        table = {r["policy"][:3]: r for r in record["table"] if r["load"] == load}
-        assert at_assumed["gpu_hours_vs_a_b"] == pytest.approx(table["(b)"]["gpu_hours_vs_a"])
-        assert at_assumed["gpu_hours_vs_a_c"] == pytest.approx(table["(c)"]["gpu_hours_vs_a"])
+        table = {r["policy"]: r for r in record["table"] if r["load"] == load}
+        assert at_assumed["gpu_hours_vs_a_b"] == pytest.approx(table["(b) earliest finish"]["gpu_hours_vs_a"])
+        assert at_assumed["gpu_hours_vs_a_c"] == pytest.approx(table["(c) (b) + elastic merge"]["gpu_hours_vs_a"])
 
 
 UNIFORM = {name: GpuType(name, 1.0, 0.008) for name in TYPES}
