@@ -16,7 +16,10 @@ A policy that plans ahead (:class:`~schedulers.placement.policies.EarliestFinish
 predicted steps until it gives its GPU back and each busy GPU's predicted remaining seconds: a target runs to its
 last epoch; an elastic policy's surrogate trial to its next rung (where it hands its survivors on); a
 non-elastic one to the surrogates' last epoch (an upper bound: its members may all stop earlier). Predictions
-use the current members' step time, optionally missed by a random factor per trial (``prediction_error``).
+use the current members' step time, optionally missed by a random factor per trial (``prediction_error``). The
+policy sees the cluster's true speeds, or, given a ``prior``, speeds it learns as the product does
+(:class:`~schedulers.placement.learned_speeds.LearnedSpeeds`: the prior per type, corrected by the step times the
+trials that ran on that type measured so far), while the trials run at the cluster's true speeds.
 
 Metrics: makespan (last job done), GPU-hours (GPU time held by trials), mean queueing delay (trial enqueued ->
 started) and mean job completion time (arrival -> target done). :func:`assumptions` lists every constant a
@@ -27,12 +30,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from schedulers.placement.cluster import Cluster
+from schedulers.placement.cluster import Cluster, GpuType
+from schedulers.placement.learned_speeds import LearnedSpeeds
 from schedulers.placement.policies import PendingTrial, PlacementPolicy
 
 
@@ -133,20 +137,32 @@ def assumptions(cluster: Cluster, jobs: Sequence[TuningJob], merge_s: float = 30
 
 
 def simulate(cluster: Cluster, jobs: Sequence[TuningJob], policy: PlacementPolicy, name: str = "",
-             merge_s: float = 30.0, prediction_error: float = 0.0, seed: int = 0) -> SimulationResult:
+             merge_s: float = 30.0, prediction_error: float = 0.0, seed: int = 0,
+             prior: Mapping[str, GpuType] | None = None) -> SimulationResult:
     """Run ``jobs`` on ``cluster`` under ``policy``; see the module docstring. ``prediction_error``: σ of the
     log of the factor by which each trial's predicted run time (what the policy sees) misses the simulated one,
-    drawn once per trial with ``seed`` (0: exact predictions)."""
+    drawn once per trial with ``seed`` (0: exact predictions). ``prior``: per type of the cluster, the speed the
+    policy starts from and corrects by measured step times (``None``: it sees the true speeds).
+
+    Raises:
+        ValueError: a negative ``prediction_error``, or a ``prior`` not naming exactly the cluster's types.
+    """
     if prediction_error < 0:
         raise ValueError(f"simulate: prediction_error is a standard deviation (>= 0), got {prediction_error}")
-    simulation = _Simulation(cluster, list(jobs), policy, merge_s, np.random.default_rng(seed), prediction_error)
+    if prior is not None and set(prior) != set(cluster.types):
+        raise ValueError(f"simulate: prior must give a speed for each of the cluster's GPU types "
+                         f"{sorted(cluster.types)}, got {sorted(prior)}")
+    speeds = None if prior is None else LearnedSpeeds(prior, cluster.counts)
+    simulation = _Simulation(cluster, list(jobs), policy, merge_s, np.random.default_rng(seed), prediction_error,
+                             speeds)
     return simulation.run(name or type(policy).__name__)
 
 
 class _Simulation:
     def __init__(self, cluster: Cluster, jobs: list[TuningJob], policy: PlacementPolicy, merge_s: float,
-                 rng: np.random.Generator, prediction_error: float) -> None:
+                 rng: np.random.Generator, prediction_error: float, speeds: LearnedSpeeds | None) -> None:
         self.cluster, self.jobs, self.policy, self.merge_s = cluster, jobs, policy, merge_s
+        self.speeds = speeds
         self.rng, self.prediction_error = rng, prediction_error
         self.member_epochs = [0] * len(jobs)  # surrogate member-epochs trained per job
         self.free = dict(cluster.counts)
@@ -205,6 +221,10 @@ class _Simulation:
         trial.misprediction = float(np.exp(self.rng.normal(0.0, self.prediction_error)))
         self.queue.append(trial)
 
+    def _seen_types(self) -> Mapping[str, GpuType]:
+        """The speeds the policy places by: learned ones, or the cluster's true ones."""
+        return self.cluster.types if self.speeds is None else self.speeds.types()
+
     def _schedule(self) -> None:
         pending = [PendingTrial(t.key, len(t.members) * t.work_per_member, self.now - t.enqueued, max(1, round(
             t.misprediction * (self._release_epoch(t) - t.epoch) * self.jobs[t.job].steps_per_epoch)))
@@ -212,7 +232,7 @@ class _Simulation:
         busy: dict[str, list[float]] = {}
         for trial in self.running.values():
             busy.setdefault(trial.gpu, []).append(self._remaining_s(trial))
-        chosen = self.policy.place(pending, {k: v for k, v in self.free.items() if v > 0}, self.cluster.types, busy)
+        chosen = self.policy.place(pending, {k: v for k, v in self.free.items() if v > 0}, self._seen_types(), busy)
         started = set()
         for index, gpu in chosen:
             if self.free.get(gpu, 0) < 1 or index in started:
@@ -223,6 +243,9 @@ class _Simulation:
             trial.gpu, trial.started = gpu, self.now
             self.waits.append(self.now - trial.enqueued)
             self.running[trial.key] = trial
+            if self.speeds is not None:
+                self.speeds.started(trial.key, gpu, trial.work_per_member, len(trial.members),
+                                    (self._release_epoch(trial) - trial.epoch) * self.jobs[trial.job].steps_per_epoch)
             self._next_epoch(trial, trial.setup_s)
         self.queue = [t for i, t in enumerate(self.queue) if i not in started]
         self._record_busy()
@@ -240,17 +263,31 @@ class _Simulation:
         return trial.last_epoch
 
     def _remaining_s(self, trial: _Trial) -> float:
-        """Predicted seconds until running ``trial`` gives its GPU back, at its current members' step time."""
+        """Predicted seconds until running ``trial`` gives its GPU back: its steps left (those of its current
+        epoch, then of its later ones) at its current members' step time as the policy sees it."""
         later = self._release_epoch(trial) - trial.epoch - 1  # epochs after the current one
-        return trial.misprediction * (trial.epoch_end - self.now + later * self._epoch_seconds(trial))
+        true, seen = self._epoch_seconds(trial), self._epoch_seconds(trial, self._seen_types())
+        current = trial.epoch_end - self.now
+        if seen != true:
+            current *= seen / true
+        return trial.misprediction * (current + later * seen)
 
-    def _epoch_seconds(self, trial: _Trial) -> float:
+    def _epoch_seconds(self, trial: _Trial, types: Mapping[str, GpuType] | None = None) -> float:
+        """Seconds of ``trial``'s epoch at its current members, at ``types``' speeds (default: the true ones)."""
         job = self.jobs[trial.job]
-        gpu = self.cluster.types[trial.gpu]
+        gpu = (types or self.cluster.types)[trial.gpu]
         return job.steps_per_epoch * gpu.step_seconds(len(trial.members) * trial.work_per_member)
+
+    def _measured(self, trial: _Trial, seconds_per_step: float) -> None:
+        """Report ``trial``'s epoch just ended, stepped at ``seconds_per_step``, to the learned speeds."""
+        if self.speeds is not None:
+            self.speeds.measured(trial.key, trial.epoch * self.jobs[trial.job].steps_per_epoch, max(1, len(
+                trial.members)), seconds_per_step)
 
     def _release(self, trial: _Trial) -> None:
         del self.running[trial.key]
+        if self.speeds is not None:
+            self.speeds.ended(trial.key)
         self.free[trial.gpu] += 1
         self.gpu_seconds[trial.gpu] += self.now - trial.started
         self._record_busy()
@@ -264,7 +301,9 @@ class _Simulation:
         trial.epoch += 1
         trial.setup_s = 0.0
         job_index, job = trial.job, self.jobs[trial.job]
+        stepped = self._epoch_seconds(trial) / job.steps_per_epoch  # at the members that ran the epoch
         if trial.target:
+            self._measured(trial, stepped)
             if trial.epoch < trial.last_epoch:
                 self._next_epoch(trial)
                 return
@@ -275,6 +314,7 @@ class _Simulation:
         self.member_epochs[job_index] += len(trial.members)
         leaving = [m for m in trial.members if stops[m] <= trial.epoch]
         trial.members = [m for m in trial.members if stops[m] > trial.epoch]
+        self._measured(trial, stepped)
         self.surrogates_left[job_index] -= len(leaving)
         if self.policy.elastic and trial.epoch in job.rungs[:-1]:
             self.toward[job_index, trial.epoch] -= 1

@@ -2,6 +2,7 @@
 import pytest
 
 from schedulers.placement.cluster import A100, H100, V100, Cluster, GpuType
+from schedulers.placement.learned_speeds import LearnedSpeeds
 from schedulers.placement.policies import (BusyGpu, EarliestFinish, ElasticEarliestFinish, ElasticHeterogeneityAware,
                                            HeterogeneityAware, PendingTrial, TypeOblivious, busy_seconds)
 from schedulers.placement.simulator import TuningJob, job_stream, simulate
@@ -149,8 +150,8 @@ def test_cluster_and_simulation_refuse_impossible_input():
 
 def test_the_benchmark_records_its_assumed_constants_and_the_gains_sensitivity_to_them(tmp_path, capsys):
     """``benchmarks/cluster_placement.py`` at tiny sizes: its JSON records every assumed speed and overhead and
-    what holds by construction, and its speed sweep covers every (overhead, speed scale) and load; at the assumed
-    constants the sweep reproduces the main table's gains."""
+    what holds by construction and the prior its learned speeds start from, and its speed sweep covers every
+    (overhead, speed scale) and load; at the assumed constants the sweep reproduces the main table's gains."""
     import json
 
     from benchmarks.cluster_placement import LOADS, main
@@ -158,14 +159,17 @@ def test_the_benchmark_records_its_assumed_constants_and_the_gains_sensitivity_t
     main(["--jobs", "3", "--seeds", "1", "--overheads-ms", "0", "8", "--speed-scales", "0", "1",
           "--out", str(tmp_path)])
     printed = capsys.readouterr().out
-    assert "assumed constants" in printed and "sensitivity to the assumed speeds" in printed
+    assert "assumed constants of the simulated cluster" in printed and "sensitivity to the true speeds" in printed
     record = json.loads((tmp_path / "cluster_placement.json").read_text())
     assumed = record["assumptions"]
     assert {name: (g["count"], g["rate"], g["overhead_s"]) for name, g in assumed["gpu_types"].items()} == {
         "H100": (2, 3.5, 0.008), "A100": (2, 2.2, 0.008), "V100": (4, 1.0, 0.008)}
     assert all(g["source"].startswith("assumed") for g in assumed["gpu_types"].values())
     assert assumed["jobs"]["steps_per_epoch"] == 2000 and assumed["merge_s"] == 30.0
-    assert assumed["predicted_speeds"].startswith("none")
+    speeds = assumed["placement_speeds"]
+    assert speeds["(b)/(c)"] == "learned" and speeds["prior"]["name"] == "uniform"
+    assert {g["rate"] for g in speeds["prior"]["gpu_types"].values()} == {1.0}
+    assert "(c) with known speeds" in {r["policy"] for r in record["table"]}
     assert any("same tuning result" in claim for claim in assumed["by_construction"])
     sweep = record["speed_sensitivity"]
     assert sorted((r["load"], r["overhead_s"], r["speed_scale"]) for r in sweep) == sorted(
@@ -174,6 +178,47 @@ def test_the_benchmark_records_its_assumed_constants_and_the_gains_sensitivity_t
     assert all(r["rates"] == {"H100": 1.0, "A100": 1.0, "V100": 1.0} for r in equal)
     for load in LOADS:
         at_assumed = next(r for r in sweep if r["load"] == load and (r["overhead_s"], r["speed_scale"]) == (0.008, 1))
-        table = {r["policy"][:3]: r for r in record["table"] if r["load"] == load}
-        assert at_assumed["gpu_hours_vs_a_b"] == pytest.approx(table["(b)"]["gpu_hours_vs_a"])
-        assert at_assumed["gpu_hours_vs_a_c"] == pytest.approx(table["(c)"]["gpu_hours_vs_a"])
+        table = {r["policy"]: r for r in record["table"] if r["load"] == load}
+        assert at_assumed["gpu_hours_vs_a_b"] == pytest.approx(table["(b) earliest finish"]["gpu_hours_vs_a"])
+        assert at_assumed["gpu_hours_vs_a_c"] == pytest.approx(table["(c) (b) + elastic merge"]["gpu_hours_vs_a"])
+
+
+UNIFORM = {name: GpuType(name, 1.0, 0.008) for name in TYPES}
+
+
+def test_learned_speeds_from_a_uniform_prior_come_to_prefer_the_type_measured_faster():
+    speeds = LearnedSpeeds(UNIFORM, {"H100": 1, "A100": 1, "V100": 1})
+    target = PendingTrial("t", 0.25, steps=1000)
+    assert speeds.types()["H100"].step_seconds(0.25) == speeds.types()["V100"].step_seconds(0.25)
+    for key, gpu in (("h", H100), ("a", A100), ("v", V100)):  # one target on each type, stepping at its true speed
+        speeds.started(key, gpu.name, 0.25, 1, 1000)
+        speeds.measured(key, 100, 1, gpu.step_seconds(0.25))
+    learned = speeds.types()
+    assert [learned[g].step_seconds(0.25) for g in ("H100", "A100", "V100")] == pytest.approx(
+        [g.step_seconds(0.25) for g in (H100, A100, V100)])  # a target's step as measured on each type
+    assert speeds.correction("H100") < speeds.correction("A100") < speeds.correction("V100") == pytest.approx(1.0)
+    assert EarliestFinish().place([target], {"V100": 1, "H100": 1}, UNIFORM, busy={}) == [(0, "H100")]  # a tie: name
+    assert EarliestFinish().place([target], {"V100": 1, "A100": 1}, learned, busy={}) == [(0, "A100")]
+    # the prior alone cannot tell the V100 is slower: it would take the V100 rather than wait 60 s for the H100
+    assert EarliestFinish().place([target], {"V100": 1}, UNIFORM, busy={"H100": [60.0]}) == [(0, "V100")]
+    assert EarliestFinish().place([target], {"V100": 1}, learned, busy={"H100": [60.0]}) == []
+    speeds.ended("h")
+    assert speeds.types()["H100"] == learned["H100"]  # what was measured stays after the trial ends
+
+
+def test_a_simulation_with_learned_speeds_keeps_the_tuning_result():
+    cluster = Cluster.of((H100, 1), (A100, 1), (V100, 2))
+    jobs = job_stream(6, seed=1, mean_interarrival_s=900.0, steps_per_epoch=500)
+    prior = {name: UNIFORM[name] for name in cluster.types}
+    base = simulate(cluster, jobs, TypeOblivious())
+    known = simulate(cluster, jobs, ElasticEarliestFinish())
+    learned = simulate(cluster, jobs, ElasticEarliestFinish(), prior=prior)
+    for result in (known, learned):
+        assert (result.best_configs, result.member_epochs) == (base.best_configs, base.member_epochs)
+    assert learned.gpu_hours != known.gpu_hours  # it placed by other speeds than the true ones
+    assert learned.gpu_hours < 0.85 * base.gpu_hours
+    # a prior equal to the true speeds is corrected by exactly 1: the same run as with known speeds
+    exact = simulate(cluster, jobs, ElasticEarliestFinish(), prior=dict(cluster.types))
+    assert (exact.gpu_hours, exact.makespan_s) == (known.gpu_hours, known.makespan_s)
+    with pytest.raises(ValueError, match="prior must give a speed for each"):
+        simulate(cluster, jobs, EarliestFinish(), prior={"H100": H100})
