@@ -126,8 +126,10 @@ def main(argv: list[str] | None = None) -> None:
                "policies": {"(b0)/(c0) min_efficiency": 0.5, "(b0)/(c0) patience_s": HeterogeneityAware().patience_s},
                "placement_speeds": {"(b)/(c)": args.speeds, "prior": None if prior is None else {
                    "name": args.prior, "gpu_types": {n: asdict(g) for n, g in prior.items()},
-                   "correction": "per type, the median of measured / prior step times of the trials that ran on "
-                                 "it (schedulers.placement.predicted_finish.PredictedFinish.correction)"}}}
+                   "correction": "per type, the prior's overhead and work parts each scaled by a factor fitted "
+                                 "to the step times the trials that ran on it measured (before two mixes of overhead "
+                                 "and work were measured: the median ratio of measured / prior step times; "
+                                 "schedulers.placement.predicted_finish.PredictedFinish.corrections)"}}}
     print_assumptions(assumed)
     speeds = speed_sensitivity(args.jobs, args.seeds, [ms / 1000 for ms in args.overheads_ms], args.speed_scales,
                                prior)

@@ -1,11 +1,11 @@
 """GPU types' speeds as a placement learns them: a prior per type, corrected by the step times trials measure.
 
-Each type's predicted step is ``correction[g] x prior[g].step_seconds(work)``, with ``correction`` the rule of
-:class:`~schedulers.placement.predicted_finish.PredictedFinish` (the median ratio of the step times measured on
-``g`` to the prior's prediction for them; a type not measured yet takes the median over all measurements, else 1).
-Because a step is ``overhead + work / rate``, the corrected type is again a
-:class:`~schedulers.placement.cluster.GpuType`: rate ``rate / c`` and overhead ``overhead x c``, which any placement
-policy takes as it takes known speeds.
+Each type's predicted step is ``c_o[g] x prior[g].overhead_s + c_w[g] x work / prior[g].rate``, with ``(c_o,
+c_w)`` the rule of :class:`~schedulers.placement.predicted_finish.PredictedFinish` (fitted to the step times
+measured on ``g``; before two mixes of overhead and work were measured there, both the median ratio of the measured
+step times to the prior's). Because a step is ``overhead + work / rate``, the corrected type is again a
+:class:`~schedulers.placement.cluster.GpuType`: rate ``rate / c_w`` and overhead ``overhead x c_o``, which any
+placement policy takes as it takes known speeds.
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class LearnedSpeeds:
         if self._types is None:
             self._types = {}
             for name, gpu in self.prior.items():
-                c = self.correction(name)
-                self._types[name] = GpuType(name, gpu.rate / c, gpu.overhead_s * c,
-                                            f"learned: prior x measured correction {c:.3g}")
+                c_o, c_w = self._finish.corrections(name)
+                self._types[name] = GpuType(name, gpu.rate / c_w, gpu.overhead_s * c_o,
+                                            f"learned: prior x measured corrections {c_o:.3g} (overhead), "
+                                            f"{c_w:.3g} (work)")
         return self._types

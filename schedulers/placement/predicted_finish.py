@@ -1,15 +1,17 @@
 """Choosing each fused trial's GPU type by predicted finish, one trial at a time, as a tuner asks for trials.
 
-A trial's step on GPU type ``g`` is predicted as ``correction[g] x (overhead + g.step_seconds(work))``
-(:class:`~schedulers.placement.cluster.GpuType`: the type's per-step overhead plus ``work`` at the type's rate),
-where ``work`` (linear in the trial's members) and ``overhead`` (its per-call overheads, which fusion amortises)
-come from the step-time model and ``correction[g]`` is the median ratio of the step
-times trials measured on ``g`` to what was predicted for them (a type not measured yet takes the median ratio over
-all measurements, else 1). Each new trial goes to the type on which it is predicted to finish first: when a GPU of
-that type is next available — after the trials already given to that type, in the order they were given, run
-their predicted steps left — plus its own predicted run there
-(:class:`~schedulers.placement.policies.EarliestFinish`'s rule, with the trials a tuner has queued for a type
-counted as holding it in turn).
+A trial's step on GPU type ``g`` has an overhead part ``o`` (its per-call overheads, which fusion amortises, plus
+the type's per-step overhead) and a work part ``w`` (``work`` at the type's rate,
+:class:`~schedulers.placement.cluster.GpuType`), ``work`` (linear in the trial's members) and the per-call
+overheads coming from the step-time model. It is predicted as ``c_o[g] x o + c_w[g] x w``: once the step times
+trials measured on ``g`` span two mixes of overhead and work, ``(c_o, c_w)`` is their least-squares fit (relative
+to the measured times; a type's surrogates are overhead-bound and its targets compute-bound, which one factor
+cannot both fit); before that, both are the median ratio of the measured step times to the prior's ``o + w``
+(a type not measured yet takes the median ratio over all measurements, else 1). Each new trial goes to the type
+on which it is predicted to finish first: when a GPU of that type is next available — after the trials already
+given to that type, in the order they were given, run their predicted steps left — plus its own predicted run
+there (:class:`~schedulers.placement.policies.EarliestFinish`'s rule, with the trials a tuner has queued for a
+type counted as holding it in turn).
 """
 from __future__ import annotations
 
@@ -58,6 +60,11 @@ class PredictedFinish:
     counts: Mapping[str, int]
     trials: dict[str, PlacedTrial] = field(default_factory=dict)
     ratios: dict[str, list[float]] = field(default_factory=dict)
+    samples: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)  # per type: (o, w, measured)
+    _fits: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
+
+    def __setstate__(self, state: dict) -> None:  # a placement saved before the fit was kept
+        self.__dict__.update({"samples": {}, "_fits": {}, **state})
 
     def __post_init__(self) -> None:
         if set(self.types) != set(self.counts) or not self.counts or min(self.counts.values()) < 1:
@@ -70,9 +77,18 @@ class PredictedFinish:
         own = self.ratios.get(gpu) or [r for rs in self.ratios.values() for r in rs]
         return statistics.median(own) if own else 1.0
 
+    def corrections(self, gpu: str) -> tuple[float, float]:
+        """``(c_o, c_w)`` of ``gpu``: the factors of its overhead and work parts (see the module docstring)."""
+        if gpu not in self._fits:
+            fitted = _fit(self.samples.get(gpu, []))
+            self._fits[gpu] = fitted if fitted is not None else (self.correction(gpu),) * 2
+        return self._fits[gpu]
+
     def step_seconds(self, gpu: str, trial: PlacedTrial) -> float:
         """Predicted seconds of one step of ``trial`` on ``gpu``, corrected by what trials measured there."""
-        return self.correction(gpu) * self._prior_step_seconds(gpu, trial)
+        c_o, c_w = self.corrections(gpu)
+        o, w = self._parts(gpu, trial)
+        return c_o * o + c_w * w
 
     def choose(self, key: str, work_per_member: float, members: int, steps: int, overhead_s: float = 0.0) -> Choice:
         """Give trial ``key`` (``members`` members of ``work_per_member`` each plus ``overhead_s`` per step,
@@ -106,7 +122,10 @@ class PredictedFinish:
         if trial is None:
             return
         if seconds_per_step is not None and seconds_per_step > 0:
-            self.ratios.setdefault(trial.gpu, []).append(seconds_per_step / self._prior_step_seconds(trial.gpu, trial))
+            o, w = self._parts(trial.gpu, trial)
+            self.ratios.setdefault(trial.gpu, []).append(seconds_per_step / (o + w))
+            self.samples.setdefault(trial.gpu, []).append((o, w, seconds_per_step))
+            self._fits.clear()  # a type without measurements of its own follows the median over all
         trial.done, trial.members = done, members
 
     def end(self, key: str) -> None:
@@ -123,5 +142,26 @@ class PredictedFinish:
                 heapq.heapreplace(heap, heap[0] + left)
         return heap[0]
 
-    def _prior_step_seconds(self, gpu: str, trial: PlacedTrial) -> float:
-        return trial.overhead_s + self.types[gpu].step_seconds(trial.work)
+    def _parts(self, gpu: str, trial: PlacedTrial) -> tuple[float, float]:
+        """The prior's overhead and work parts of one step of ``trial`` on ``gpu`` (s)."""
+        kind = self.types[gpu]
+        return trial.overhead_s + kind.overhead_s, kind.step_seconds(trial.work) - kind.overhead_s
+
+
+def _fit(samples: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """``(c_o, c_w)`` minimising ``sum(((c_o o + c_w w) / m - 1) ** 2)`` over ``(o, w, m)`` samples with ``c_o >=
+    0``; ``None`` with fewer than two samples, samples of one mix of overhead and work (no unique fit), or no
+    ``c_w > 0``."""
+    if len(samples) < 2:
+        return None
+    a = [o / m for o, _, m in samples]
+    b = [w / m for _, w, m in samples]
+    aa, bb, ab = sum(x * x for x in a), sum(y * y for y in b), sum(x * y for x, y in zip(a, b))
+    det = aa * bb - ab * ab
+    if det <= 1e-6 * aa * bb:  # (nearly) collinear: every sample had the same mix
+        return None
+    sa, sb = sum(a), sum(b)
+    c_o, c_w = (bb * sa - ab * sb) / det, (aa * sb - ab * sa) / det
+    if c_o < 0:  # no overhead to see: the work part alone
+        c_o, c_w = 0.0, sb / bb
+    return (c_o, c_w) if c_w > 0 else None

@@ -1,4 +1,6 @@
 """Per-trial GPU-type choice by predicted finish (pure decision), and the cluster's GPU types as Ray lists them."""
+import pickle
+
 import pytest
 
 from schedulers.placement.cluster import GpuType
@@ -88,3 +90,27 @@ def test_a_measured_step_is_compared_with_the_members_that_trained_it():
     placer.progress("t1", done=1, members=1, seconds_per_step=1.0)  # 4 trained that step; 3 stopped after it
     assert placer.correction("fast") == pytest.approx(1.0)
     assert placer.choose("t2", 1.0, 4, 10).finish_s["fast"] == pytest.approx(9 * 0.25 + 10)  # t1 goes on with 1
+
+
+def test_two_mixes_of_overhead_and_work_measured_fit_both_parts_of_a_type():
+    true = GpuType("fast", 4.0, 0.05)  # what the type really does: 50 ms per step plus work / 4
+    placer = PredictedFinish({"fast": GpuType("fast", 1.0, 0.01), "slow": TYPES["slow"]}, {"fast": 2, "slow": 1})
+    for key, work in (("surrogate", 0.01), ("target", 2.0)):  # overhead-bound, then compute-bound
+        placer.choose(key, work, 1, 10)
+        placer.move(key, "fast")
+        placer.progress(key, done=1, members=1, seconds_per_step=true.step_seconds(work))
+    assert placer.corrections("fast") == pytest.approx((5.0, 0.25))  # 50 ms / 10 ms, (1/4) / 1
+    middle = placer.choose("middle", 0.5, 1, 10)
+    assert middle.step_s["fast"] == pytest.approx(true.step_seconds(0.5))  # one factor could fit only one of them
+    assert placer.corrections("slow") == pytest.approx((placer.correction("slow"),) * 2)  # nothing measured there
+
+
+def test_a_placement_pickled_before_the_fit_was_kept_restores():
+    placer = book()
+    placer.choose("t1", 1.0, 4, 10)
+    placer.progress("t1", done=1, members=4, seconds_per_step=2.0)
+    old = pickle.loads(pickle.dumps(placer))
+    for name in ("samples", "_fits"):  # as an older version pickled it
+        del old.__dict__[name]
+    restored = pickle.loads(pickle.dumps(old))
+    assert restored.samples == {} and restored.corrections("fast") == pytest.approx((2.0, 2.0))
