@@ -83,7 +83,6 @@ class EnergyScheduler(FIFOScheduler):
                 if o.batch_size in self.bandit.batch_sizes:
                     self.bandit.observe(o.batch_size, o.cost, o.converged)
         self._assigned: dict[str, int] = {}
-        self._member_batch: dict[str, int] = {}  # Hydro member id -> the batch size its group trained with
         self._stopped: set[str] = set()
         self._last_cost: dict[str, float] = {}
 
@@ -96,18 +95,11 @@ class EnergyScheduler(FIFOScheduler):
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         if self.bandit is None:
             return
-        if _is_target(trial.config):  # the batch size its configuration was tuned with
-            source = plan_of(trial.config).source.get("member")
-            if source in self._member_batch:
-                _set_batch_size(trial.config, self.keys["batch_size"], self._member_batch[source])
-            return
-        if _is_transfer_stage(trial.config):  # a rung: its members' configurations as the search trained them
+        if _is_transfer_stage(trial.config):  # its configurations as the search trained them (the searcher's)
             return
         choice = self.bandit.choose()
         _set_batch_size(trial.config, self.keys["batch_size"], choice)
         self._assigned[trial.trial_id] = choice
-        if HYDRO_KEY in trial.config:
-            self._member_batch.update((m, choice) for m in plan_of(trial.config).member_ids)
 
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         if _is_transfer_stage(trial.config) or not self.metered:
@@ -161,10 +153,6 @@ class EnergyScheduler(FIFOScheduler):
         return f"EnergyScheduler(job={self.job}, stop cost {bound if bound is None else round(bound)} J{phase})."
 
 
-def _is_target(config: Mapping) -> bool:
-    return HYDRO_KEY in config and plan_of(config).kind == TrialKind.TARGET
-
-
 def _is_transfer_stage(config: Mapping) -> bool:
     """A trial of a transfer stage after the search: a full-size target or a ladder rung (surrogates that read
     only their final scores)."""
@@ -175,12 +163,12 @@ def _is_transfer_stage(config: Mapping) -> bool:
 
 
 def _set_batch_size(config: dict, key: str, batch_size: int) -> None:
-    """Set the trial's batch size: ``config[key]`` of a plain trial or the target, and every member's of a Hydro
-    trial (whose members train from the plan's configurations)."""
+    """Set the trial's batch size: ``config[key]`` of a plain trial, and every member's of a Hydro search trial
+    (whose members train from the plan's configurations)."""
     if HYDRO_KEY in config:
         for _, member_config in plan_of(config).members:
             member_config[key] = batch_size
-    if HYDRO_KEY not in config or _is_target(config):
+    else:
         config[key] = batch_size
 
 
