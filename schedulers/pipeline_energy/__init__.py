@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from schedulers.pipeline_energy.brute_force import brute_force_frontier
 from schedulers.pipeline_energy.dag import InstructionDAG, InstructionKey, PlanPoint, pareto_front
-from schedulers.pipeline_energy.frontier import lowtime_frontier
 from schedulers.pipeline_energy.profile import Instruction, PipelineProfile, ProfileError, ProfileRow
 from schedulers.pipeline_energy.scan import DownwardScan
 from schedulers.pipeline_energy.selection import ByDeadline, ByMaxSlowdown, PlanChoice
@@ -44,3 +43,13 @@ __all__ = [
     "pareto_front",
     "stage_slack",
 ]
+
+
+def __getattr__(name: str):
+    """``lowtime_frontier`` on first use: lowtime (and the matplotlib, networkx and scipy it imports) costs about a
+    second of a process's start, which a process that never plans frequencies need not pay."""
+    if name == "lowtime_frontier":
+        from schedulers.pipeline_energy.frontier import lowtime_frontier
+
+        return lowtime_frontier
+    raise AttributeError(f"module 'schedulers.pipeline_energy' has no attribute {name!r}")

@@ -20,7 +20,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 
 class Stage(enum.Enum):
@@ -147,6 +146,8 @@ def _fit_stage(stage: Stage, rows: Sequence[StageWindow]) -> StageFit:
     per_step = np.array([w.seconds / w.steps for w in rows])
     scale = design.max(axis=0)
     scale[scale == 0] = 1.0
+    from scipy.optimize import nnls  # here: scipy.optimize's import costs a trial's fresh worker about 0.5 s
+
     coef, _ = nnls(design / scale / per_step[:, None], np.ones(len(rows)))  # relative error
     power = sum(w.joules for w in rows) / sum(w.devices * w.seconds for w in rows)
     return StageFit(tuple(float(c) for c in coef / scale), float(power))

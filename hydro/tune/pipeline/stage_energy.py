@@ -26,7 +26,6 @@ from schedulers.pipeline_energy import (
     ProfileRow,
     StageDecision,
     decide_stages,
-    lowtime_frontier,
 )
 
 logger = logging.getLogger(__name__)
@@ -93,6 +92,8 @@ def decide(measured: MeasuredStages, microbatches: int, energy: StageEnergy) -> 
     dag = InstructionDAG(one_f_one_b(len(profiles), microbatches))
     baseline = dag.evaluate(dag.max_frequency_plan(profile), profile)
     fastest = min(r.time_s for r in profile.rows)
+    from schedulers.pipeline_energy.frontier import lowtime_frontier  # here: lowtime's import is slow
+
     frontier = lowtime_frontier(dag, profile, min(fastest / 10, baseline.time_s / 1000))
     plan = ByMaxSlowdown(energy.slowdown).choose(frontier, baseline)
     top = [max(rows, key=lambda r: r.frequency_mhz) for rows, _ in profiles]
