@@ -62,7 +62,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from benchmarks.transfer_fidelity import residual_mlp
 from hydro.cli_options import at_least
-from hydro.tune.run import worker_pythonpath
+from hydro.tune.cluster.worker_env import worker_env_vars
 from hydro.energy.device import EnergyError
 from hydro.energy.nvml import nvml_devices
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan, plan_of
@@ -120,7 +120,7 @@ def main() -> int:
     drawn = RandomSearch(space, seed=args.seed)
     configs = [drawn.suggest(str(i)) for i in range(args.samples)]
     ray.init(address="local", num_cpus=args.concurrency, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath(str(ROOT))}})
+             runtime_env={"env_vars": worker_env_vars(str(ROOT))})
     scheduler = (lambda: asha(spec)) if args.scheduler == "asha" else (lambda: None)
     hydro_options = dict(num_samples=args.samples, storage_path=args.storage, seed=args.seed, verbose=0,
                          max_concurrent_trials=args.concurrency, gpus_per_trial=args.gpus_per_trial)

@@ -76,8 +76,9 @@ class Cluster(Protocol):
     def trial_slots(self) -> int:
         """How many trials train at once on separate compute."""
 
-    def node_cpus(self) -> float:
-        """The CPUs of the largest node a trial can run on."""
+    def lone_trial_cpus(self) -> float:
+        """The most CPUs one trial may train with while nothing else of the run trains: the CPUs of the largest
+        node a trial can run on, less those its other processes (Ray's, the driver) need to stay responsive."""
 
 
 @dataclass
@@ -417,16 +418,15 @@ class SearchDriver:
     def _stage_cpus(self, trials: int, work_s: float | None, cluster: Cluster) -> int | None:
         """CPUs for each of a stage's ``trials`` (``work_s``: the longest one's estimated seconds of training in
         one slot) when they leave trial slots idle and nothing else trains: the idle slots' CPUs shared among them
-        (torch threads; at most one node's less one, which Ray's own processes and the driver keep: OpenMP threads on
-        every core spin-wait against them), so that a lone target trains on the cores the run's slots hold, when
-        that saves more than a trial's start, as :func:`rung_trials` spreads a
-        rung; ``None`` (the trainable's request) otherwise, for GPU trials (their GPU does the work) and while
-        search members or targets still train."""
+        (torch threads; at most :meth:`Cluster.lone_trial_cpus`), so that a lone target trains on the cores the run's
+        slots hold, when that saves more than a trial's start, as :func:`rung_trials` spreads a rung; ``None`` (the
+        trainable's request) otherwise, for GPU trials (their GPU does the work) and while search members or targets
+        still train."""
         request, slots = cluster.trial_request(), cluster.trial_slots()
         if trials >= slots or request.get("GPU", 0.0) or self.state.ledger.running() or self._targets_running():
             return None
         cpus = int(min(request.get("CPU", 1.0) * rung_trials(work_s, slots // trials, TRIAL_OVERHEAD_S),
-                       cluster.node_cpus() - 1))
+                       cluster.lone_trial_cpus()))
         return cpus if cpus > request.get("CPU", 1.0) else None
 
     def _rung_seconds(self, members: int, scale: int) -> float | None:

@@ -90,7 +90,7 @@ class Cluster:
     def trial_slots(self):
         return 2
 
-    def node_cpus(self):
+    def lone_trial_cpus(self):
         return 1.0
 
 

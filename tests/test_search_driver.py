@@ -12,8 +12,8 @@ from schedulers.transfer import TransferPolicy
 
 
 class Cluster:
-    def __init__(self, slots=1, request=None, node_cpus=1.0):
-        self.slots, self.request, self.cpus = slots, request or {"CPU": 1.0}, node_cpus
+    def __init__(self, slots=1, request=None, lone_trial_cpus=1.0):
+        self.slots, self.request, self.cpus = slots, request or {"CPU": 1.0}, lone_trial_cpus
 
     def trial_request(self):
         return self.request
@@ -21,7 +21,7 @@ class Cluster:
     def trial_slots(self):
         return self.slots
 
-    def node_cpus(self):
+    def lone_trial_cpus(self):
         return self.cpus
 
 
@@ -89,9 +89,9 @@ def test_a_regressed_target_is_followed_by_fallback_targets(caplog):
     assert d.stage is Stage.DONE and d.policy.returned(d.state.stages) == "m00002"
 
 
-@pytest.mark.parametrize("node_cpus, cpus", [(8.0, 4), (4.0, 3), (2.0, None)])
-def test_a_lone_target_trains_on_the_idle_slots_cpus_but_a_core_left_to_ray(node_cpus, cpus):
-    d, cluster = driver(ladder=False, top_k=1, fallback_targets=0), Cluster(slots=4, node_cpus=node_cpus)
+@pytest.mark.parametrize("lone_trial_cpus, cpus", [(8.0, 4), (3.0, 3), (1.0, None)])
+def test_a_lone_target_trains_on_the_idle_slots_cpus_as_far_as_the_cluster_allows_one_trial(lone_trial_cpus, cpus):
+    d, cluster = driver(ladder=False, top_k=1, fallback_targets=0), Cluster(slots=4, lone_trial_cpus=lone_trial_cpus)
     suggest = suggest_from([{"lr": i} for i in range(4)])
     for t in ["t0", "t1", "t2", "t3"]:
         trial = d.next_trial(t, suggest, lambda key, config: 8, cluster)
@@ -99,7 +99,7 @@ def test_a_lone_target_trains_on_the_idle_slots_cpus_but_a_core_left_to_ray(node
         report(d, t, [m for m, _ in trial.members], lambda m: int(m[1:]) / 10, cluster, seconds=600.0)
         d.on_trial_complete(t, False, cluster)
     target = d.next_trial("target", suggest_from([]), lambda key, config: 8, cluster)
-    # 4 slots of 1 CPU: all of them on a node of 8; on a node of 4 or 2, all but one of its CPUs (1: not widened)
+    # 4 slots of 1 CPU: all of them where one trial may use 8 CPUs; where it may use 3, those (1: not widened)
     assert target.is_target and target.cpus == cpus and ("target" in d.state.widened) == (cpus is not None)
 
 
@@ -204,7 +204,7 @@ def config_of(member):
 
 @pytest.mark.parametrize("straggler", [0.9, 0.1])  # the straggler's score: first or last in the rung
 def test_a_target_the_stragglers_cannot_change_starts_beside_them_and_the_run_returns_what_waiting_returns(straggler):
-    cluster = Cluster(slots=2, node_cpus=8.0)  # a lone target is widened to both slots' CPUs
+    cluster = Cluster(slots=2, lone_trial_cpus=8.0)  # a lone target is widened to both slots' CPUs
     runs = {}
     for early in (False, True):
         d, (r0, r1) = _to_the_last_rung(cluster)

@@ -25,8 +25,9 @@ from hydro.trial.check import describe
 from hydro.trial.spec import TuneSpec
 from hydro.trial.plan import TrialKind
 from hydro.tune.cluster.output import ray_output
+from hydro.tune.cluster.worker_env import PACKAGE_ROOT
 from hydro.tune.search.results import BEST_FILE, MEMBER_TABLE_FILE, best_configuration, member_table
-from hydro.tune.run import (PACKAGE_ROOT, TuningFailed, asha, check_arguments, check_run_dir, check_storage, fit,
+from hydro.tune.run import (TuningFailed, asha, check_arguments, check_run_dir, check_storage, fit,
                             optuna_tpe, prepare, resume, start_local_cluster)
 from hydro.tune.placement.gpu_types import require_gpu_types
 from hydro.tune.placement.trial_placement import PLACEMENTS, check_placement

@@ -28,6 +28,7 @@ from hydro.tune.placement.gpu_types import require_gpu_types
 from hydro.tune.placement.trial_placement import TrialPlacement, check_placement
 from hydro.tune.search.progress import MemberProgress, show_progress
 from hydro.tune.cluster.output import ray_output
+from hydro.tune.cluster.worker_env import worker_env_vars
 from hydro.tune.search.random_search import RandomSearch
 from hydro.tune.search.results import failure_summary, failures_line, write_results
 from hydro.tune.search.retry_logs import KeepResultsOnRetry
@@ -35,8 +36,6 @@ from hydro.tune.search.searcher import HydroSearcher
 from hydro.tune.search.space_check import check_batch_size_space, other_values
 from hydro.tune.search.trainable import require_resources, trainable, trial_resources
 from schedulers.scale_choice import AUTO, AUTO_SCALES
-
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +59,15 @@ def check_storage(storage_path: str | None) -> str | None:
 
 def start_local_cluster() -> None:
     """Start a Ray cluster of this machine for this process, as ``hydro tune`` does: every process listening on
-    127.0.0.1 only, no dashboard, workers that import this checkout of Hydro and the driver's ``PYTHONPATH``; at
+    127.0.0.1 only, no dashboard, workers that import this checkout of Hydro and the driver's ``PYTHONPATH`` and
+    run OpenMP with passive waits (:func:`~hydro.tune.cluster.worker_env.worker_env_vars`); at
     exit it is shut down and its session folder removed. Its session folder is marked as this driver's, with a
     watchdog that cleans it up should this process be killed; sessions earlier Hydro drivers left behind that way
     are cleaned here too (:mod:`hydro.tune.cluster.sessions`)."""
     ray_internals.bind_local_cluster_to_loopback()
     # address="local": a cluster of its own, never one ``ray start`` left on this machine (whose address Ray
     # would otherwise read from its temp folder and join, or wait for when it is gone)
-    ray.init(address="local", include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
+    ray.init(address="local", include_dashboard=False, runtime_env={"env_vars": worker_env_vars()})
     context = ray.get_runtime_context()
     session_dir = os.path.join(context.get_temp_dir(), context.get_session_name())
     ray_sessions.mark(session_dir)
@@ -81,13 +80,6 @@ def _shut_down(session_dir: str) -> None:
     """Stop the cluster :func:`start_local_cluster` started (its agents too) and remove its session folder."""
     ray.shutdown()
     ray_sessions.remove_session(session_dir)
-
-
-def worker_pythonpath(root: str = PACKAGE_ROOT, environ: Mapping[str, str] = os.environ) -> str:
-    """``PYTHONPATH`` for the workers of an embedded cluster: ``root`` (so they import this Hydro), then the
-    driver's own entries. A runtime env's ``env_vars`` replace a variable rather than extend it, so passing
-    ``root`` alone would hide the user's modules (and any packages installed there) from the trials."""
-    return os.pathsep.join([root, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
 
 
 def asha(spec: TuneSpec) -> ASHAScheduler:

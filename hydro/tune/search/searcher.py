@@ -39,6 +39,7 @@ from hydro.tune.search.member_decisions import start_service
 from hydro.tune.search.member_rules import refuse_trial_scheduler, stopping_rule
 from hydro.tune.search.random_search import RandomSearch
 from hydro.tune.cluster.ray_internals import tune_run_locals
+from hydro.tune.cluster.worker_env import passive_openmp
 from hydro.tune.search.run_reporter import attach
 from hydro.tune.search.session import ERROR_KEY, MEMBERS_KEY, TRIAL_CPUS_KEY, TRIAL_GPUS_KEY
 from hydro.tune.search.space_check import check_batch_size_space, other_values
@@ -443,8 +444,13 @@ class _RayCluster:
         placement = self.searcher.placement
         return slots if placement is None else max(1, min(slots, placement.gpus()))
 
-    def node_cpus(self) -> float:
-        return max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=0.0)
+    def lone_trial_cpus(self) -> float:
+        """The largest node's CPUs, less one that Ray's processes and the driver keep unless the job's workers run
+        OpenMP with passive waits (:func:`~hydro.tune.run.worker_env` sets that on clusters Hydro starts): torch's
+        OpenMP threads spin-wait on every core by default, and each step then takes many times longer whenever
+        anything else runs on that node."""
+        cpus = max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=0.0)
+        return cpus if passive_openmp(ray.get_runtime_context().runtime_env.get("env_vars") or {}) else cpus - 1
 
 
 class TransferState:
