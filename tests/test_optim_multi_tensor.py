@@ -1,5 +1,6 @@
 """The multi-tensor fused optimizers: bit-identical to the per-parameter loop they replace (and so to torch per
-member, tests/test_optim.py), a few aten operations per step, no host reads of tensor values in steady state."""
+member, tests/test_optim.py), a few aten operations per step, no host reads of tensor values in steady state; on
+the CPU, Adam(W) steps each member with torch's fused kernel, bit-identical to ``torch.optim.Adam(W)(fused=True)``."""
 import copy
 
 import pytest
@@ -53,11 +54,44 @@ EXACT = [  # each differs per member in what it tunes
 ]
 
 
+def _multi_tensor(cls, kwargs: dict) -> dict:
+    """``kwargs`` for ``cls`` with Adam's CPU kernel off: the multi-tensor operations, as on a GPU."""
+    return {**kwargs, "cpu_kernel": False} if issubclass(cls, Adam) else kwargs
+
+
 @pytest.mark.parametrize("cls,kwargs", EXACT)
 def test_multi_tensor_step_is_bit_identical_to_the_loop(cls, kwargs):
-    model, twin = _new_and_loop(cls, kwargs)
+    model, twin = _new_and_loop(cls, _multi_tensor(cls, kwargs))
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         assert torch.equal(a, b), name
+
+
+def _member_values(kwargs: dict, member: int) -> dict:
+    """``kwargs`` of a fused Adam(W) with member ``member``'s values (scalars kept)."""
+    pick = lambda v: v[member] if isinstance(v, list) else v  # noqa: E731
+    return {k: tuple(map(pick, v)) if k == "betas" else pick(v) for k, v in kwargs.items()}
+
+
+@pytest.mark.parametrize("cls,kwargs", [(c, k) for c, k in EXACT if issubclass(c, Adam)])
+def test_on_the_cpu_each_member_steps_exactly_as_torchs_fused_adam(cls, kwargs):
+    model = _fused_cnn()
+    optimizer = cls(model.parameters(), **kwargs)
+    params = list(model.parameters())
+    members = [[p[m].detach().clone().requires_grad_() for p in params] for m in range(MEMBERS)]
+    torch_cls = torch.optim.AdamW if cls is AdamW else torch.optim.Adam
+    plain = [torch_cls(ps, fused=True, **_member_values(kwargs, m)) for m, ps in enumerate(members)]
+    g = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        for i, p in enumerate(params):
+            p.grad = torch.randn(p.shape, generator=g)
+            for m in range(MEMBERS):
+                members[m][i].grad = p.grad[m].clone()
+        optimizer.step()
+        for o in plain:
+            o.step()
+    for m in range(MEMBERS):
+        for p, q in zip(params, members[m]):
+            assert torch.equal(p[m], q)
 
 
 def _train_both(models, optimizers, steps: int) -> None:
@@ -128,7 +162,7 @@ def _steady_step_counts(fused, optimizer):
 ])
 def test_one_step_over_a_resnet18_dispatches_a_few_operations(cls, kwargs, limit):
     fused = _resnet()
-    optimizer = cls(fused.parameters(), **kwargs)
+    optimizer = cls(fused.parameters(), **_multi_tensor(cls, kwargs))
     assert len(optimizer.param_groups) > 1  # µP's
     new = _steady_step_counts(fused, optimizer)
     old = _steady_step_counts(fused, LOOP[cls](fused.parameters(), **kwargs))

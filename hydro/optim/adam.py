@@ -10,7 +10,9 @@ from .base import Derived, FusedOptimizer
 
 class Adam(FusedOptimizer):
     """``torch.optim.Adam`` for ``F`` members at once. ``betas = (beta1, beta2)``, each a scalar or ``F``
-    values. ``decoupled_weight_decay=True`` gives AdamW."""
+    values. ``decoupled_weight_decay=True`` gives AdamW. ``cpu_kernel``: on the CPU, step each member with torch's
+    fused Adam(W) kernel (as ``torch.optim.Adam(W)(..., fused=True)`` steps it: one pass over each tensor, about
+    4x faster than the multi-tensor operations, which step on GPUs and for ``cpu_kernel=False``)."""
 
     per_member = ("lr", "beta1", "beta2", "eps", "weight_decay")
     mup_rule = "adam"
@@ -28,9 +30,10 @@ class Adam(FusedOptimizer):
     }
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad: bool = False, *,
-                 maximize: bool = False, decoupled_weight_decay: bool = False) -> None:
+                 maximize: bool = False, decoupled_weight_decay: bool = False, cpu_kernel: bool = True) -> None:
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                      maximize=maximize, decoupled_weight_decay=decoupled_weight_decay))
+                                      maximize=maximize, decoupled_weight_decay=decoupled_weight_decay,
+                                      cpu_kernel=cpu_kernel))
 
     def _normalize(self, group: dict) -> None:
         if "betas" in group:
@@ -50,8 +53,6 @@ class Adam(FusedOptimizer):
 
     def _update(self, group: dict, params: list[Tensor]) -> None:
         grads = [p.grad for p in params]
-        if group["maximize"]:
-            grads = torch._foreach_neg(grads)
         steps, exp_avgs, exp_avg_sqs = [], [], []
         for p in params:
             state = self.state[p]
@@ -65,6 +66,11 @@ class Adam(FusedOptimizer):
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
         torch._foreach_add_(steps, 1)
+        if group.get("cpu_kernel", True) and _host_kernel_fits(params, grads, exp_avgs, exp_avg_sqs):
+            self._host_update(group, params, grads, steps, exp_avgs, exp_avg_sqs)
+            return
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
         decay = self.per_param(group, "decay", params)
         if not isinstance(decay, float) or decay != 0.0:
             if group["decoupled_weight_decay"]:
@@ -87,6 +93,24 @@ class Adam(FusedOptimizer):
         torch._foreach_add_(denom, self.per_param(group, "eps", params))
         torch._foreach_div_(denom, step_size)  # p -= m / (denom / step_size): as torch's capturable Adam
         torch._foreach_addcdiv_(params, exp_avgs, denom, value=-1)
+
+    def _host_update(self, group: dict, params: list[Tensor], grads: list[Tensor], steps: list[Tensor],
+                     exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor]) -> None:
+        """The step on the CPU: torch's fused Adam(W) kernel (one pass over each tensor, about 4x faster than the
+        multi-tensor ops) member by member, with that member's hyperparameters, on its slices of ``params`` and
+        their state (``steps`` already counted): each member steps exactly as ``torch.optim.Adam(W)(...,
+        fused=True)`` with its hyperparameters would."""
+        kernel = torch._fused_adamw_ if group["decoupled_weight_decay"] else torch._fused_adam_
+        maxes = [self.state[p]["max_exp_avg_sq"] for p in params] if group["amsgrad"] else []
+        counts = [step.to(torch.float32) for step in steps]
+        lr = (group["lr"] * group["lr_mult"]).tolist()
+        decay = (group["weight_decay"] * group["wd_mult"]).tolist()
+        beta1, beta2, eps = group["beta1"].tolist(), group["beta2"].tolist(), group["eps"].tolist()
+        tensors = (params, grads, exp_avgs, exp_avg_sqs, maxes, counts)
+        for m in range(self.num_members):  # one member: whole tensors (a plain model's too)
+            kernel(*([t[m] for t in ts] if self.num_members > 1 else ts for ts in tensors), lr=lr[m],
+                   beta1=beta1[m], beta2=beta2[m], weight_decay=decay[m], eps=eps[m], amsgrad=group["amsgrad"],
+                   maximize=group["maximize"])
 
     def _member_steps(self, step: Tensor | int | float | None, p: Tensor) -> Tensor:
         """The step counts of ``p``'s members as ``[F, 1, ..., 1]`` int64 on ``p``'s device (a skipped step
@@ -114,11 +138,19 @@ class Adam(FusedOptimizer):
         return cast[:len(params)], cast[len(params):]
 
 
+def _host_kernel_fits(*tensors: list[Tensor]) -> bool:
+    """Whether torch's fused CPU kernel can step these lists of tensors: all contiguous floats on the CPU, of one
+    dtype (on a GPU the multi-tensor ops launch a few kernels for all members, which a per-member loop would not)."""
+    flat = [t for ts in tensors for t in ts]
+    return all(t.device.type == "cpu" and t.is_contiguous() and t.dtype == flat[0].dtype for t in flat) \
+        and flat[0].dtype in (torch.float32, torch.float64)
+
+
 class AdamW(Adam):
     """``torch.optim.AdamW`` for ``F`` members at once (decoupled weight decay, default 1e-2)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad: bool = False, *,
-                 maximize: bool = False) -> None:
+                 maximize: bool = False, cpu_kernel: bool = True) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         decoupled_weight_decay=True)
+                         decoupled_weight_decay=True, cpu_kernel=cpu_kernel)
 
