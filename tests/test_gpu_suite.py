@@ -4,20 +4,27 @@ accounted for. Also the budget: a section that no longer fits is skipped, not st
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
 
 from benchmarks import gpu_suite
 
-BUDGET_S = 45.0
+BUDGET_S = 45.0  # on an idle machine; stretched by its load (see ``budget_s``)
+
+
+def budget_s() -> float:
+    """``BUDGET_S`` times how many runnable processes share each core (at least 1): the test tier's child process
+    (half the budget) imports torch, Ray and pytest, which takes that many times longer on a loaded machine."""
+    return BUDGET_S * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("suite")
     argv = sys.argv
-    sys.argv = ["gpu_suite", "--dry-run", "--budget-s", str(BUDGET_S), "--out", str(out)]
+    sys.argv = ["gpu_suite", "--dry-run", "--budget-s", str(budget_s()), "--out", str(out)]
     try:
         gpu_suite.main()
     finally:
