@@ -21,7 +21,7 @@ stage, and the seconds its trials spent starting fresh workers, in set-up (data,
 members), training, evaluation and checkpoints, as the trials report them) say where its time went.
 
     python -m benchmarks.e2e_tuning [--quick] [--samples 64] [--epochs 15] [--hidden 1024] [--scheduler none|asha]
-                                    [--runs nabcde] [--workload digits-mlp|cifar-resnet|resmlp-wide]
+                                    [--runs nabcde] [--workload digits-mlp|cifar-resnet|resmlp-wide|digits-cnn|char-lm]
                                     [--device auto|cpu|cuda] [--gpus-per-trial G] [--target-seeds K]
                                     [--data-workers W] [--image-noise X] [--images N] [--large]
 
@@ -40,6 +40,12 @@ task, where a surrogate can prefer a different validation optimum and a model-ba
 ``--target-seeds K``: each run's best configuration is trained K times (the spec's seed, as Hydro's target trial,
 and the K - 1 after it), and the table gives the mean ± sample standard deviation (noisy workloads: one seed's
 target can differ by about the difference it is meant to show).
+``--workload digits-cnn``: ``hydro.tune.examples.digits_cnn`` (two conv blocks with BatchNorm, SGD: lr, momentum,
+weight decay, on 8x8 digits) with ``CNN_CHANNELS`` channels instead of its 64/128, so that a full-size trial is
+not all fixed cost on a CPU core (the digits are only 1,347 training images).
+``--workload char-lm``: the causal character Transformer LM of ``benchmarks/transfer_fidelity.py`` (d=64, 8 heads,
+2 layers; AdamW: lr, weight decay) on Python standard-library source; its metric is the validation loss (nats per
+character, lower is better).
 """
 from __future__ import annotations
 
@@ -60,7 +66,7 @@ import torch
 from ray import tune
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
-from benchmarks.transfer_fidelity import residual_mlp
+from benchmarks.transfer_fidelity import char_lm_8_heads, residual_mlp
 from hydro.cli_options import at_least
 from hydro.tune.cluster.worker_env import worker_env_vars
 from hydro.energy.device import EnergyError
@@ -71,9 +77,9 @@ from hydro.tune import TuneSpec, best_configuration, trainable
 from torch import nn
 
 from hydro.examples.data import synthetic_cifar
-from hydro.examples.models import ResNet18
+from hydro.examples.models import CNN, ResNet18
 from hydro.trial.spec import accuracy
-from hydro.tune.examples import digits_mlp
+from hydro.tune.examples import digits_cnn, digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from hydro.tune.run import asha, fit, optuna_tpe
 from schedulers.transfer import Score
@@ -99,7 +105,7 @@ def main() -> int:
     parser.add_argument("--runs", default="nabcd",
                         help="which runs, e.g. 'acd' ((a), stock with ASHA, is the reference: always run)")
     parser.add_argument("--storage", default="/tmp/hydro_e2e")
-    parser.add_argument("--workload", choices=["digits-mlp", "cifar-resnet", "resmlp-wide"], default="digits-mlp")
+    parser.add_argument("--workload", choices=WORKLOADS, default="digits-mlp")
     parser.add_argument("--device", default="auto", help="TuneSpec.device: auto (the GPU Ray gives a trial), cpu, cuda")
     parser.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs each trial asks Ray for")
     parser.add_argument("--image-noise", type=float, default=1.0,
@@ -193,13 +199,34 @@ class GpuUsage:
                 gpu.close()
 
 
+WORKLOADS = ("digits-mlp", "cifar-resnet", "resmlp-wide", "digits-cnn", "char-lm")  # --workload's choices
+
+
 def workload(args: argparse.Namespace) -> tuple[TuneSpec, dict]:
     """The ``--workload``'s spec and param space."""
     if args.workload == "digits-mlp":
         return digits_mlp(epochs=args.epochs, hidden=args.hidden)
     if args.workload == "resmlp-wide":
         return residual_mlp(epochs=args.epochs, width=args.hidden)
+    if args.workload == "digits-cnn":
+        return wide_digits_cnn(args.epochs)
+    if args.workload == "char-lm":
+        return char_lm_8_heads(args.epochs)
     return cifar_resnet(args.epochs, args.image_noise, args.images)
+
+
+CNN_CHANNELS = (256, 512)  # digits-cnn's full-size channels: one trial of 8 epochs about 20-30 s on one core
+
+
+def wide_digits_cnn(epochs: int, channels: tuple[int, int] = CNN_CHANNELS) -> tuple[TuneSpec, dict]:
+    """``hydro.tune.examples.digits_cnn`` (its data, SGD optimizer, space and metric) with ``channels`` in its two
+    conv blocks."""
+    spec, space = digits_cnn(epochs)
+    return dataclasses.replace(spec, model=functools.partial(_cnn, channels)), space
+
+
+def _cnn(channels: tuple[int, int], config: dict) -> nn.Module:
+    return CNN(channels=channels)
 
 
 def cifar_resnet(epochs: int, noise: float = 1.0, images: int = 5000) -> tuple[TuneSpec, dict]:

@@ -1,11 +1,12 @@
 """The benchmarks' stock baselines: stock Ray Tune with ASHA (the reference) and without early stopping."""
 from __future__ import annotations
 
+import argparse
 import math
 
 import pytest
 
-from benchmarks.e2e_tuning import add_speedups
+from benchmarks.e2e_tuning import CNN_CHANNELS, add_speedups, workload
 from benchmarks.transfer_fidelity import Trainer, stock_asha
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
@@ -24,6 +25,23 @@ def test_e2e_speedups_are_against_stock_with_asha_and_without_early_stopping():
     rows = [rows[0], rows[2]]  # without (n): no speed-up against it
     add_speedups(rows)
     assert [r["speedup_vs_n"] for r in rows] == [None, None]
+
+
+@pytest.mark.parametrize("name", ["digits-cnn", "char-lm"])
+def test_e2e_cnn_and_transformer_workloads_fuse_their_surrogates_at_s8(name):
+    """The end-to-end CNN and Transformer workloads: the full-size model as stated, and N members of it fused as
+    µP surrogates at S=8 (8 heads: one per member at d=8) score every member."""
+    spec, space = workload(argparse.Namespace(workload=name, epochs=1))
+    model = spec.model({})
+    if name == "digits-cnn":
+        assert (model.conv1.out_channels, model.conv2.out_channels) == CNN_CHANNELS
+    else:
+        assert model.embed.embedding_dim == 64 and model.encoder.layers[0].self_attn.num_heads == 8
+    drawn = RandomSearch(space, seed=0)
+    configs = [(str(i), drawn.suggest(str(i))) for i in range(3)]
+    trial = FusedTrial(spec, TrialPlan(TrialKind.SURROGATE, configs, 8, mup=True), spec.load_data())
+    values = trial.evaluate()[spec.metric]
+    assert len(values) == 3 and all(math.isfinite(float(v)) for v in values)
 
 
 def test_transfer_fidelity_stock_asha_stops_as_asha_stops_the_full_trajectories():
