@@ -379,16 +379,17 @@ def report(rows: list[dict], spec: TuneSpec, args) -> None:
           f"concurrency={args.concurrency}, device={args.device}, gpus/trial={args.gpus_per_trial}, {os.cpu_count()} "
           f"CPUs (load average at the end: {os.getloadavg()[0]:.1f})\n")
     print(f"{'run':<42} {'wall s':>7} {'vs (a)':>8} {'vs (n)':>8} {'epochs':>6} {'in-run best':>11} {metric:>15} "
-          f"{'rel. to (a)':>11} {'data wait':>9} {'GPU util':>8} {'GPU kJ':>8}  best configuration")
+          f"{'vs (a) +:better':>15} {'data wait':>9} {'GPU util':>8} {'GPU kJ':>8}  best configuration")
     for row in rows:
-        row["relative_to_a"] = (row[metric] - base[metric]) / abs(base[metric])
+        sign = 1 if spec.mode == "max" else -1  # positive: better than (a)'s configuration
+        row["relative_to_a"] = sign * (row[metric] - base[metric]) / abs(base[metric])
         config = ", ".join(f"{k}={v:.3g}" for k, v in row["best_config"].items())
         kilojoules = None if row["gpu_energy_j"] is None else row["gpu_energy_j"] / 1e3
         target = f"{row[metric]:.4f}" + (f" ± {row['target_spread']:.4f}" if row["target_seeds"] > 1 else "") + \
             (f" (n={row['target_seeds']})" if row["target_seeds"] < args.target_seeds else "")  # diverged seeds
         print(f"{row['run']:<42} {row['wall_s']:7.0f} {row['speedup_vs_a']:7.2f}x {_shown(row['speedup_vs_n'], '.2f', 'x')} "
               f"{_shown(row['epochs_per_config'], '.1f', '', 6)} {row['in_run_best']:11.4f} "
-              f"{target:>15} {row['relative_to_a']:+10.2%} {row['data_wait_fraction']:9.1%} "
+              f"{target:>15} {row['relative_to_a']:+15.2%} {row['data_wait_fraction']:9.1%} "
               f"{_shown(row['gpu_util_pct'], '.0f', '%')} {_shown(kilojoules, '.1f', '')}  {config}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("e2e_tuning.json" if args.hidden == 1024 else f"e2e_tuning_hidden{args.hidden}.json")
