@@ -3,6 +3,7 @@ results) and once on a local Ray cluster."""
 import collections
 import logging
 import math
+from types import SimpleNamespace
 
 import pytest
 from ray import tune
@@ -179,12 +180,9 @@ def test_a_regressed_target_escalates_to_s_over_2_and_the_ladder_goes_on_from_th
 ])
 def test_a_rung_is_spread_over_the_trials_the_cluster_runs_at_once(monkeypatch, gpus, max_concurrent, search_s,
                                                                     trials):
-    import hydro.tune.search.searcher as searcher_module
-
     nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
              {"Alive": False, "Resources": {"CPU": 16.0, "GPU": 8.0}}]
-    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked GPU cluster: none here
-    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: nodes)
+    _mock_cluster(monkeypatch, nodes)  # a GPU cluster
     s = HydroSearcher(spec(epochs=2), num_samples=8, scale=4, fusion=8, ladder=True, eta=2, top_k=1, seed=0,
                       fallback_targets=0)
     s.set_search_properties("val_acc", "max", SPACE)
@@ -237,10 +235,7 @@ def test_a_stage_closes_on_its_members_last_results_before_tune_completes_its_tr
 ])
 def test_a_rung_of_cpu_trials_leaves_out_a_last_round_of_the_trial_slots_half_full(monkeypatch, tmp_path, gpus,
                                                                                     slots, rung):
-    import hydro.tune.search.searcher as searcher_module
-
-    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster: none here
-    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0, "GPU": 2.0}}])
+    _mock_cluster(monkeypatch, [{"Alive": True, "Resources": {"CPU": 2.0, "GPU": 2.0}}])
 
     def searcher():
         return HydroSearcher(spec(epochs=2), num_samples=6, scale=4, fusion=8, ladder=True, eta=2, top_k=1, seed=0,
@@ -266,14 +261,22 @@ def test_a_rung_of_cpu_trials_leaves_out_a_last_round_of_the_trial_slots_half_fu
     assert driver.policy.slots == slots and driver.policy.next_rung(driver.state.stages) == driver.state.current.rung
 
 
+def _mock_cluster(monkeypatch, nodes: list[dict]) -> None:
+    """The searcher's Ray cluster as ``nodes`` (none runs here), its job started without a runtime env."""
+    import hydro.tune.search.searcher as searcher_module
+
+    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(searcher_module.ray, "get_runtime_context", lambda: SimpleNamespace(runtime_env={}))
+
+
 def test_a_searcher_saved_before_the_search_driver_restores_mid_rung(monkeypatch, tmp_path):
     """A checkpoint whose state held the members and the stages itself (a ``TransferState``) goes on as saved."""
     import pickle
 
     import hydro.tune.search.searcher as searcher_module
 
-    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster: none here
-    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}])
+    _mock_cluster(monkeypatch, [{"Alive": True, "Resources": {"CPU": 2.0}}])
 
     def searcher():
         s = HydroSearcher(spec(epochs=2), num_samples=6, scale=4, fusion=8, ladder=True, eta=2, top_k=1, seed=0,
@@ -334,11 +337,8 @@ def test_a_searcher_saved_before_the_search_driver_restores_mid_rung(monkeypatch
 ])
 def test_a_stage_that_leaves_trial_slots_idle_trains_on_their_cpus(monkeypatch, gpus, max_concurrent, search_s,
                                                                    rung_cpus, target_cpus):
-    import hydro.tune.search.searcher as searcher_module
-
     nodes = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 64.0}}]
-    monkeypatch.setattr(searcher_module.ray, "is_initialized", lambda: True)  # a mocked cluster: none here
-    monkeypatch.setattr(searcher_module.ray, "nodes", lambda: nodes)
+    _mock_cluster(monkeypatch, nodes)
     s = HydroSearcher(spec(epochs=2), num_samples=8, scale=4, fusion=8, ladder=True, eta=2, top_k=1, seed=0,
                       fallback_targets=0)
     s.set_search_properties("val_acc", "max", SPACE)
