@@ -12,8 +12,8 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     top-k full-size targets, fidelity escalation, fallback targets when the target regresses), driven by the
     policy's own decisions;
   * Hydro "auto": the scale measured as ``HydroSearcher(scale="auto")`` measures it (``hydro.trial.scale_plan``:
-    the finest of S=8, 4, 2 whose fused step costs at most 2.5 times the S=8 one's; the measuring's CPU time
-    counted), then the policy's defaults;
+    the finest of S=8, 4, 2 whose fused step costs at most 2.5 times the S=8 one's, a choice of S=8 checked by
+    its pilot against S=4; the measuring's and the pilot's CPU time counted), then the policy's defaults;
   * the same with rung halving ("+halving"): each rung's fused trial stops members at the policy's milestones as a
     rung trial does (``Trainer.halved``).
 Each variant's planned cost of the stages after the search (``plan_cost``) and what it trained, the search
@@ -61,14 +61,14 @@ from torch import Tensor, nn
 from hydro.examples.models import CharTransformerLM
 from hydro.trial.plan import TARGET_MEMBER_ID, TrialKind, TrialPlan
 from hydro.trial.data import Batch
-from hydro.trial.scale_plan import measured_scale
+from hydro.trial.scale_plan import measured_scale, piloted_scale
 from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from schedulers.member_stopping import ASHA, score
 from schedulers.rung_halving import RungHalving
-from schedulers.scale_choice import AUTO
+from schedulers.scale_choice import AUTO, PILOT_CONFIGS
 from schedulers.transfer import Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
 
 NOISE_SEEDS = (1, 2)  # extra full-size seeds of stock's top configuration
@@ -409,6 +409,9 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         options, choice, start = VARIANTS[name], None, time.process_time()
         if options["scale"] == AUTO:  # measured in this process, its time counted in the run's
             choice = measured_scale(spec, configs[next(iter(configs))], trainer.data, samples, threads=1)
+            pilot = RandomSearch(space, seed=0)  # HydroSearcher's pilot configurations
+            choice = piloted_scale(spec, choice, [pilot.suggest(f"pilot{i}") for i in range(PILOT_CONFIGS)],
+                                   trainer.data, samples, threads=1)
             options = {**options, "scale": choice.scale}
         measuring = time.process_time() - start
         policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, epochs=spec.epochs, **options)
