@@ -29,7 +29,7 @@ from schedulers.member_ledger import EventKind, MemberEvent, MemberLedger
 from schedulers.member_pool import Member, MemberPool, Suggestion
 from schedulers.rung_halving import RungHalving
 from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
-from schedulers.trial_slots import TRIAL_OVERHEAD_S, rung_trials, split_evenly
+from schedulers.trial_slots import TRIAL_OVERHEAD_S, WARM_TRIAL_OVERHEAD_S, rung_trials, split_evenly
 
 
 class Stage(enum.Enum):
@@ -364,7 +364,8 @@ class SearchDriver:
         groups: dict = {}
         for member in members:
             groups.setdefault(self.group_key(member[1]), []).append(member)
-        slots = rung_trials(self._rung_seconds(len(members), rung.scale), cluster.trial_slots())
+        slots = rung_trials(self._rung_seconds(len(members), rung.scale), cluster.trial_slots(),
+                            self._spread_overhead(cluster.trial_slots()))
         size = min(max(1, state.pool.max_fusion), -(-len(members) // slots))
         waiting = [part for g in groups.values() for part in split_evenly(g, -(-len(g) // size))]
         cpus = self._stage_cpus(len(waiting), self._rung_seconds(max(map(len, waiting)), rung.scale), cluster)
@@ -414,6 +415,13 @@ class SearchDriver:
                              "surrogates' choice may not hold at full size (seen on overfitting workloads); try a "
                              "smaller scale, top_k=2 or fallback_targets=2", regression.config,
                              regression.full_size, 100 * regression.drop, regression.scale, regression.surrogate)
+
+    def _spread_overhead(self, slots: int) -> float:
+        """Seconds one more trial of a rung costs: a warm worker's set-up once the run has had at least ``slots``
+        trials of the trainable's request (Tune reuses their workers for the stages: ``HydroSearcher`` closes a
+        stage on its results), else a fresh worker's start."""
+        plain = [t for t in self.state.ledger.trials if t not in self.state.widened]
+        return WARM_TRIAL_OVERHEAD_S if len(plain) >= slots else TRIAL_OVERHEAD_S
 
     def _stage_cpus(self, trials: int, work_s: float | None, cluster: Cluster) -> int | None:
         """CPUs for each of a stage's ``trials`` (``work_s``: the longest one's estimated seconds of training in

@@ -16,6 +16,11 @@ TRIAL_OVERHEAD_S = 5.0
 stages on results): then only a trial beyond those workers, or a widened one, starts a worker."""
 
 
+WARM_TRIAL_OVERHEAD_S = 1.0
+"""Seconds one more trial costs on a worker the run already started (Tune's ``reuse_actors``): its set-up (data,
+members), checkpoint and scheduling, without a process start."""
+
+
 def trial_slots(nodes: Iterable[Mapping[str, float]], request: Mapping[str, float],
                 max_concurrent: int | None = None) -> int:
     """Trials asking for ``request`` (one trial's Ray resources, e.g. ``{"CPU": 1, "GPU": 0}``) that train on

@@ -145,6 +145,27 @@ def test_a_search_whose_members_stopped_early_still_spreads_the_first_rung_over_
     assert first.stage is second.stage is Stage.RUNG and len(first.members) == len(second.members) == 1
 
 
+@pytest.mark.parametrize("search_trials, rung_trials", [(2, 2), (1, 1)])
+def test_a_rung_spreads_onto_the_runs_warm_workers_when_that_saves_more_than_their_set_up(search_trials, rung_trials):
+    d, cluster = driver(num_samples=8, ladder=True, escalate=False, fallback_targets=0), Cluster(slots=search_trials)
+    configs = [{"lr": i} for i in range(8)]
+    for i in range(search_trials):
+        trial = d.next_trial(f"s{i}", suggest_from(configs[8 // search_trials * i:8 // search_trials * (i + 1)]),
+                             lambda key, config: 8, cluster)
+        report(d, f"s{i}", [m for m, _ in trial.members], lambda m: int(m[1:]) / 10, cluster,
+               seconds=6.0 / search_trials)  # 3/8 s per member-epoch
+        d.on_trial_complete(f"s{i}", False, cluster)
+    cluster.slots = 2  # (a second node joined after a search of one trial: one warm worker)
+    # the rung's 2 configurations at S=2 train 2 × 2 epochs × (4/2)² × 3/8 s = 6 s in one slot: spread over 2 slots
+    # they save 3 s, more than a warm worker's set-up (1 s) but less than a fresh worker's start (5 s)
+    assert d._rung_seconds(2, 2) == pytest.approx(6.0)
+    rung = []
+    while (trial := d.next_trial(f"r{len(rung)}", suggest_from([]), lambda key, config: 8, cluster)) is not None:
+        rung.append(trial)
+    assert [t.stage for t in rung] == [Stage.RUNG] * rung_trials
+    assert sum(len(t.members) for t in rung) == 2
+
+
 def test_rungs_train_and_group_the_configurations_as_the_search_trained_them():
     policy = TransferPolicy(1.0, 4, "acc", "max", scale=4, ladder=True, top_k=4, seeds=1, fallback_targets=0,
                             escalate=False)
