@@ -114,10 +114,16 @@ def test_windows_synchronise_cuda_before_reading(monkeypatch):
     assert monitor.end_window("w").energy_j == {"gpu0": 3.0}
 
 
+def _default_signals() -> None:
+    """SIGINT's default action, as in a terminal: a shell without job control starts background jobs (e.g. a suite
+    run with ``&``) with SIGINT ignored, and the guard rightly leaves an ignored signal ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def test_exit_guard_chains_the_previous_handler_and_uninstalls():
     calls, chained = [], []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: chained.append(signum))
-    sigint = signal.getsignal(signal.SIGINT)
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         exit_guard.guard(lambda: calls.append("restore"))
         os.kill(os.getpid(), signal.SIGTERM)
@@ -127,13 +133,14 @@ def test_exit_guard_chains_the_previous_handler_and_uninstalls():
         exit_guard.guard(cb)
         assert signal.getsignal(signal.SIGINT) is exit_guard._handler
         exit_guard.release(cb)
-        assert signal.getsignal(signal.SIGINT) is sigint and calls == ["restore"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and calls == ["restore"]
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # e.g. started with nohup: stays ignored
         exit_guard.guard(cb)
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
         exit_guard.release(cb)
     finally:
         signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, sigint)
 
 
 _CHILD = textwrap.dedent("""
@@ -161,7 +168,7 @@ _CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_in_a_plain_process_restores_the_limit_found(signum):
     child = subprocess.Popen([sys.executable, "-c", _CHILD.format(repo=str(REPO))], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     try:
         assert child.stdout.readline().split() == ["set", "150000"]
         assert child.stdout.readline().strip() == "ready"
