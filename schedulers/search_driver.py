@@ -420,8 +420,8 @@ class SearchDriver:
         """Seconds one more trial of a rung costs: a warm worker's set-up once the run has had at least ``slots``
         trials of the trainable's request (Tune reuses their workers for the stages: ``HydroSearcher`` closes a
         stage on its results), else a fresh worker's start."""
-        plain = [t for t in self.state.ledger.trials if t not in self.state.widened]
-        return WARM_TRIAL_OVERHEAD_S if len(plain) >= slots else TRIAL_OVERHEAD_S
+        plain = sum(t not in self.state.widened for t in self.state.ledger.trials)
+        return WARM_TRIAL_OVERHEAD_S if plain >= slots else TRIAL_OVERHEAD_S
 
     def _stage_cpus(self, trials: int, work_s: float | None, cluster: Cluster) -> int | None:
         """CPUs for each of a stage's ``trials`` (``work_s``: the longest one's estimated seconds of training in

@@ -103,8 +103,7 @@ class Adam(FusedOptimizer):
         kernel = torch._fused_adamw_ if group["decoupled_weight_decay"] else torch._fused_adam_
         maxes = [self.state[p]["max_exp_avg_sq"] for p in params] if group["amsgrad"] else []
         counts = [step.to(torch.float32) for step in steps]
-        lr = (group["lr"] * group["lr_mult"]).tolist()
-        decay = (group["weight_decay"] * group["wd_mult"]).tolist()
+        lr, decay = (self.derived[name].fn(group).tolist() for name in ("lr_all", "decay"))
         beta1, beta2, eps = group["beta1"].tolist(), group["beta2"].tolist(), group["eps"].tolist()
         tensors = (params, grads, exp_avgs, exp_avg_sqs, maxes, counts)
         for m in range(self.num_members):  # one member: whole tensors (a plain model's too)

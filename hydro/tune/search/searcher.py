@@ -446,7 +446,7 @@ class _RayCluster:
 
     def lone_trial_cpus(self) -> float:
         """The largest node's CPUs, less one that Ray's processes and the driver keep unless the job's workers run
-        OpenMP with passive waits (:func:`~hydro.tune.run.worker_env` sets that on clusters Hydro starts): torch's
+        OpenMP with passive waits (:func:`~hydro.tune.cluster.worker_env.worker_env_vars` sets that on clusters Hydro starts): torch's
         OpenMP threads spin-wait on every core by default, and each step then takes many times longer whenever
         anything else runs on that node."""
         cpus = max((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"]), default=0.0)
