@@ -40,10 +40,9 @@ class RungHalving:
         """The halving of a trial of ``members`` members of which ``survivors`` train all ``epochs``, cutting by
         ``eta``; ``None`` when it would stop nobody (too few members or epochs)."""
         survivors = max(1, survivors)
-        milestones = sorted({epochs // eta ** k for k in range(1, MILESTONES + 1)} - {0})
-        milestones = [m for m in milestones if m < epochs]
-        keep = [max(survivors, math.ceil(members / eta ** (i + 1))) for i in range(len(milestones))]
-        pairs = [(m, k) for m, k in zip(milestones, keep) if k < members]
+        at = milestones(epochs, eta)
+        keep = [max(survivors, math.ceil(members / eta ** (i + 1))) for i in range(len(at))]
+        pairs = [(m, k) for m, k in zip(at, keep) if k < members]
         if not pairs:
             return None
         return cls(tuple(m for m, _ in pairs), tuple(k for _, k in pairs))
@@ -68,6 +67,12 @@ class RungHalving:
             total += live * (milestone - start)
             start, live = milestone, min(live, keep)
         return total + live * (epochs - start)
+
+
+def milestones(epochs: int, eta: int) -> tuple[int, ...]:
+    """The milestone epochs of a rung whose members train ``epochs``, cutting by ``eta``, ascending: ``epochs //
+    eta²`` and ``epochs // eta``, those >= 1 and below ``epochs``."""
+    return tuple(m for m in sorted({epochs // eta ** k for k in range(1, MILESTONES + 1)} - {0}) if m < epochs)
 
 
 def fraction(members: int, survivors: int, epochs: int, eta: int) -> float:

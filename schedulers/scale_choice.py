@@ -12,10 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from schedulers.member_stopping import score
-from schedulers.transfer import MIN_ESCALATION_SCALE, rank_check
+from schedulers.transfer import AUTO, MIN_ESCALATION_SCALE, rank_check
 
-
-AUTO = "auto"  # the scale a user passes to let Hydro choose
 AUTO_SCALES = (8, 4, 2)  # the candidates, coarse to fine
 # A finer scale's step may cost up to this many times the coarsest's. A step takes fixed cost + work ∝ width²:
 # halving the width from S=8 multiplies the step by 4 - 3f, f the fixed share of the S=8 step, so S=4 within 2.5x

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from schedulers.early_target import early_targets
+from schedulers.halving_choice import choose_halving
 from schedulers.member_id import MemberId
 from schedulers.member_ledger import EventKind, MemberEvent, MemberLedger
 from schedulers.member_pool import Member, MemberPool, Suggestion
-from schedulers.rung_halving import RungHalving
-from schedulers.transfer import FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
+from schedulers.rung_halving import RungHalving, milestones
+from schedulers.transfer import AUTO, FULL_SIZE, Rung, RungKind, Score, TransferPolicy, scores_of
 from schedulers.trial_slots import TRIAL_OVERHEAD_S, WARM_TRIAL_OVERHEAD_S, rung_trials, split_evenly
 
 
@@ -104,7 +105,9 @@ class DriverState:
     value of its target (``None``: failed before a report); ``forwarded``: configs whose completion the inner searcher heard;
     ``widened``: trials that train on more CPUs than the trainable's request; ``slots``: the trial slots the
     rungs fill (fixed when the stages start; 1 for GPU trials, whose time hardly grows with their members);
-    ``started``: every trial of the stages has started."""
+    ``started``: every trial of the stages has started; ``curves``: search member -> {milestone epoch: its
+    objective then}, kept while the policy's rung halving is :data:`~schedulers.transfer.AUTO`; ``halving``: what
+    that choice decided when the stages started (``None``: not decided)."""
 
     pool: MemberPool
     ledger: MemberLedger = field(default_factory=MemberLedger)
@@ -118,6 +121,8 @@ class DriverState:
     widened: set[str] = field(default_factory=set)
     slots: int = 1
     started: bool = False
+    curves: dict[str, dict[int, float]] = field(default_factory=dict)
+    halving: bool | None = None
 
 
 class SearchDriver:
@@ -155,6 +160,8 @@ class SearchDriver:
     def restore(self, state: DriverState) -> None:
         self.state = state
         self.policy = dataclasses.replace(self.policy, slots=state.slots)
+        if state.halving is not None:
+            self.policy = dataclasses.replace(self.policy, halving=state.halving)
 
     def use_scale(self, scale: int) -> None:
         """Train the search's surrogates at ``scale`` (a measured choice)."""
@@ -218,7 +225,9 @@ class SearchDriver:
         searcher must hear (config ids)."""
         if trial_id in self.state.targets:
             return []  # its final value counts, at completion
-        events = self._forward(self.state.ledger.observe(members))
+        observed = self.state.ledger.observe(members)
+        self._record_curves(observed)
+        events = self._forward(observed)
         self._replan(trial_id, fused_at_once)
         if seconds is not None:  # counted once its members have all finished (see _rung_seconds)
             self.state.trial_seconds[trial_id] = seconds
@@ -274,6 +283,7 @@ class SearchDriver:
             state.slots = 1 if cluster.trial_request().get("GPU", 0.0) else cluster.trial_slots()
             self.policy = dataclasses.replace(self.policy, slots=state.slots)
             state.stages.append(self._search_scores())
+            self._choose_halving()
             self.log.info("transfer stages after the search: %s", self.policy.describe(len(state.stages[0])))
             self._advance(cluster)
         current = state.current
@@ -387,6 +397,40 @@ class SearchDriver:
         if not survivors:
             return None
         return RungHalving.plan(members, -(-survivors * members // len(run.members)), self.epochs, self.policy.eta)
+
+    def _halving_decided(self) -> bool:
+        """Whether the rungs' halving is set (not :data:`~schedulers.transfer.AUTO`, or already chosen)."""
+        return self.policy.halving != AUTO
+
+    def _record_curves(self, events: list[MemberEvent]) -> None:
+        """Keep the search members' objective at the rungs' milestone epochs while halving is to be chosen."""
+        if self._halving_decided() or self.policy.seeds > 1:
+            return
+        at = set(milestones(self.epochs, self.policy.eta))
+        for event in events:
+            result = event.result or {}
+            epoch, value = result.get("epoch", math.nan), result.get(self.metric, math.nan)
+            if epoch in at and MemberId.parse(event.member).is_search and isinstance(value, (int, float)):
+                self.state.curves.setdefault(event.member, {})[int(epoch)] = float(value)
+
+    def _choose_halving(self) -> None:
+        """Decide the rungs' halving where it is :data:`~schedulers.transfer.AUTO`, when the stages start: from the
+        search members' curves (:func:`~schedulers.halving_choice.choose_halving`), off where no rung could halve
+        (one scale, or seed repeats, whose rungs train whole)."""
+        if self._halving_decided():
+            return
+        state, policy = self.state, self.policy
+        halving = False
+        if policy.ladder and policy.scale // 2 > FULL_SIZE and policy.seeds == 1:
+            ledger = state.ledger
+            final = {m: (r or {}).get(self.metric, math.nan) for m, r in ledger.finished.items()
+                     if MemberId.parse(m).is_search and m not in ledger.failed and (r or {}).get("epoch") == self.epochs}
+            choice = choose_halving(milestones(self.epochs, policy.eta), state.curves, final, policy.mode,
+                                    policy.min_agreement)
+            halving = choice.halving
+            self.log.info("rung halving %s: %s", "on" if halving else "off", choice.reason)
+        state.halving, state.curves = halving, {}
+        self.policy = dataclasses.replace(policy, halving=halving)
 
     def _reached(self, members: list[str]) -> dict[str, int]:
         """The epoch each finished rung member's configuration was last measured after (its furthest seed)."""

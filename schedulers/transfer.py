@@ -44,6 +44,7 @@ from enum import Enum
 from schedulers.rung_halving import fraction as halving_fraction
 
 FULL_SIZE = 1
+AUTO = "auto"  # the value of an option (the search's scale, rung halving) a user lets Hydro choose
 # The finest S/2 an escalation ranks every configuration at: that costs (2/S)² of a full-size search of them (1/16
 # at S=8, 1/4 at S=4; docs/design/transfer.md).
 MIN_ESCALATION_SCALE = 4
@@ -167,11 +168,21 @@ ONE_SIDED_95 = 1.6449  # standard normal quantile
 
 def rho_upper_bound(rho: float, n: int) -> float:
     """One-sided 95% upper confidence bound of a Spearman ``rho`` over ``n`` pairs (NaN if ``n < 4``)."""
+    return _rho_bound(rho, n, 1)
+
+
+def rho_lower_bound(rho: float, n: int) -> float:
+    """One-sided 95% lower confidence bound of a Spearman ``rho`` over ``n`` pairs (NaN if ``n < 4``)."""
+    return _rho_bound(rho, n, -1)
+
+
+def _rho_bound(rho: float, n: int, side: int) -> float:
+    """The one-sided 95% bound of ``rho`` over ``n`` pairs above it (``side`` 1) or below it (-1)."""
     if n < 4 or not math.isfinite(rho):
         return math.nan
     clipped = max(-0.9999, min(0.9999, rho))  # atanh(±1) is infinite
     error = math.sqrt((1 + rho * rho / 2) / (n - 3))
-    return math.tanh(math.atanh(clipped) + ONE_SIDED_95 * error)
+    return math.tanh(math.atanh(clipped) + side * ONE_SIDED_95 * error)
 
 
 def rank_check(coarse: int, a: Sequence, fine: int, b: Sequence, min_agreement: float) -> TransferCheck:
@@ -228,7 +239,10 @@ class TransferPolicy:
         halving: successive halving over epochs inside each ladder rung's trials, by ``eta``, down to the
             configurations the next stage trains (the first rung: one more, to measure a probe's lead); only with
             one seed and ``epochs`` enough for a milestone (``epochs // eta >= 1``); escalations train in full.
-            Off by default: where training overfits, a milestone's ranking does not predict the end's.
+            :data:`AUTO` (the default): the search driver decides when the search has finished, from the search
+            members' scores at the milestones against their final ones (:mod:`schedulers.halving_choice`): where
+            training overfits, a milestone's ranking does not predict the end's. Until then the plan is the one
+            without halving.
         eta: each rung keeps the best ``1/eta`` of the configurations before it (int >= 2).
         top_k: configurations trained at full size; the best on validation is returned (int >= 1).
         seeds: trainings of each configuration in the surrogate stages; its score is their mean (int >= 1).
@@ -266,7 +280,7 @@ class TransferPolicy:
     mode: str
     scale: int = 1
     ladder: bool = True
-    halving: bool = False
+    halving: bool | str = AUTO
     eta: int = 3
     top_k: int = 1
     seeds: int = 1
@@ -294,8 +308,10 @@ class TransferPolicy:
         if self.mode not in ("min", "max"):
             raise ValueError(f"TransferPolicy: mode must be 'min' or 'max', got {self.mode!r}")
         for name in ("ladder", "halving", "escalate"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"TransferPolicy: {name} must be True or False, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "halving" and value == AUTO):
+                choices = "True, False or 'auto'" if name == "halving" else "True or False"
+                raise ValueError(f"TransferPolicy: {name} must be {choices}, got {value!r}")
         if not isinstance(self.disagreement, Disagreement):
             choices = ", ".join(f"Disagreement.{d.name}" for d in Disagreement)
             raise ValueError(f"TransferPolicy: disagreement must be a schedulers.transfer.Disagreement ({choices}), "
@@ -421,7 +437,7 @@ class TransferPolicy:
         those the next stage trains (one more for the first rung, ``probing``, so that a probe's lead over the best
         one left out is measured at the same epoch); 0: the stage does not halve."""
         scale, _, seeds = stages[i]
-        if not self.halving or seeds > 1 or scale == FULL_SIZE or self.epochs // self.eta < 1 or i + 1 >= len(stages):
+        if self.halving is not True or seeds > 1 or scale == FULL_SIZE or self.epochs // self.eta < 1 or i + 1 >= len(stages):
             return 0
         return stages[i + 1][1] + (1 if i == 0 and probing else 0)
 

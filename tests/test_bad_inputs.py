@@ -509,7 +509,7 @@ CASES = [
          "FillValue.joules_per_member_step=-1.0 must be a measured value >= 0"),
     # rung halving
     case("transfer-halving-string", lambda: searcher(halving="yes"), ValueError,
-         "halving must be True or False, got 'yes'"),
+         "halving must be True, False or 'auto', got 'yes'"),
     case("transfer-epochs-set-by-the-searcher", lambda: searcher(epochs=4), TypeError,
          "unknown transfer option(s) ['epochs']"),
 ]

@@ -131,7 +131,8 @@ def _add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--eta", type=at_least(2), default=default["eta"], help="each ladder rung keeps the best 1/eta")
     group.add_argument("--halving", action=argparse.BooleanOptionalAction, default=default["halving"],
                        help="successive halving over epochs inside each ladder rung, down to what the next stage "
-                            "trains (one seed)")
+                            "trains (one seed); default: decided when the search ends, on where its members' ranking "
+                            "at the rungs' milestone epochs is shown to agree with their final one")
     group.add_argument("--top-k", type=at_least(1), default=default["top_k"],
                        help="configurations trained at full size; the best on validation is returned")
     group.add_argument("--seeds", type=at_least(1), default=default["seeds"],

@@ -1,0 +1,77 @@
+"""Whether a search's ladder rungs halve when the user lets Hydro choose (``halving="auto"``), from the search's
+own learning curves (plain Python).
+
+Rung halving (:mod:`schedulers.rung_halving`) stops most of a rung's members at milestone epochs on their ranking
+there. That holds only where a milestone's ranking predicts the end of training; where training overfits it does not
+(``docs/design/transfer.md``). The search's members train every epoch, so before any rung trains their scores tell:
+the rungs halve when, at every milestone, the Spearman rank agreement of the search members' scores there with their
+final scores has a one-sided 95% lower bound of at least ``min_agreement`` (the bound the transfer check uses, from
+the other side: the agreement must be shown, not merely not refuted).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from schedulers.member_stopping import score
+from schedulers.transfer import rho_lower_bound, spearman
+
+MIN_MEMBERS = 4  # fewer search members with a full curve give no bound
+
+
+@dataclass(frozen=True)
+class MilestoneAgreement:
+    """Rank agreement of ``members`` search members' scores after ``epoch`` with their final scores: Spearman
+    ``rho`` and its one-sided 95% ``lower`` bound (NaN with fewer than :data:`MIN_MEMBERS`)."""
+
+    epoch: int
+    members: int
+    rho: float
+    lower: float
+
+
+@dataclass(frozen=True)
+class HalvingChoice:
+    """``halving``: whether the rungs halve; ``agreements``: the check at each milestone (as far as checking
+    went); ``reason``: the choice in words, for the log."""
+
+    halving: bool
+    agreements: tuple[MilestoneAgreement, ...]
+    reason: str
+
+
+def choose_halving(milestones: Sequence[int], curves: Mapping[str, Mapping[int, float]], final: Mapping[str, float],
+                   mode: str, min_agreement: float) -> HalvingChoice:
+    """Whether the rungs halve, from the search members' curves.
+
+    Args:
+        milestones: the rungs' milestone epochs (:func:`schedulers.rung_halving.milestones`), ascending.
+        curves: search member -> {epoch: the metric after it}, at least at the milestones.
+        final: search member -> the metric after its last epoch, for the members that trained every epoch (members
+            stopped early are left out: their end is unknown).
+        mode: ``"min"`` or ``"max"`` (NaN and ±inf score worst).
+        min_agreement: the least lower bound of Spearman rho at a milestone, in [-1, 1].
+
+    Returns:
+        The :class:`HalvingChoice`: halving only when every milestone agrees; none without milestones or with fewer
+        than :data:`MIN_MEMBERS` members scored at a milestone and at the end.
+    """
+    if not milestones:
+        return HalvingChoice(False, (), "no milestone epoch: the members train too few epochs to cut")
+    agreements = []
+    for epoch in milestones:
+        members = [m for m in final if epoch in curves.get(m, {})]
+        rho = spearman([score(curves[m][epoch], mode) for m in members], [score(final[m], mode) for m in members]) \
+            if len(members) >= MIN_MEMBERS else math.nan
+        agreement = MilestoneAgreement(epoch, len(members), rho, rho_lower_bound(rho, len(members)))
+        agreements.append(agreement)
+        if not agreement.lower >= min_agreement:
+            break
+    words = "; ".join(f"after epoch {a.epoch}: Spearman {a.rho:.2f} over {a.members} (95% lower bound {a.lower:.2f})"
+                      for a in agreements)
+    halving = all(a.lower >= min_agreement for a in agreements)
+    verdict = ("every milestone ranks the search's members as their end does" if halving else
+               f"a milestone's ranking is not shown to predict the end's (lower bound below {min_agreement:g}): the "
+               f"rungs train every member to the end")
+    return HalvingChoice(halving, tuple(agreements), f"the search members' curves, {words}: {verdict}")
