@@ -424,7 +424,8 @@ class SearchDriver:
         if policy.ladder and policy.scale // 2 > FULL_SIZE and policy.seeds == 1:
             ledger = state.ledger
             final = {m: (r or {}).get(self.metric, math.nan) for m, r in ledger.finished.items()
-                     if MemberId.parse(m).is_search and m not in ledger.failed and (r or {}).get("epoch") == self.epochs}
+                     if MemberId.parse(m).is_search and m not in ledger.failed
+                     and (r or {}).get("epoch") == self.epochs}
             choice = choose_halving(milestones(self.epochs, policy.eta), state.curves, final, policy.mode,
                                     policy.min_agreement)
             halving = choice.halving

@@ -437,7 +437,8 @@ class TransferPolicy:
         those the next stage trains (one more for the first rung, ``probing``, so that a probe's lead over the best
         one left out is measured at the same epoch); 0: the stage does not halve."""
         scale, _, seeds = stages[i]
-        if self.halving is not True or seeds > 1 or scale == FULL_SIZE or self.epochs // self.eta < 1 or i + 1 >= len(stages):
+        if (self.halving is not True or seeds > 1 or scale == FULL_SIZE or self.epochs // self.eta < 1
+                or i + 1 >= len(stages)):
             return 0
         return stages[i + 1][1] + (1 if i == 0 and probing else 0)
 

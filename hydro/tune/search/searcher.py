@@ -118,8 +118,8 @@ class HydroSearcher(Searcher):
             the merges made); a :class:`~hydro.tune.placement.trial_placement.TrialPlacement` of this run's
             (``fit``'s, with energy or bubbles: with bubbles only targets are placed and nothing merges); ``None``:
             Ray's resource request alone.
-        **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``halving``, ``eta``, ``top_k``,
-            ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
+        **transfer: the options of :class:`~schedulers.transfer.TransferPolicy` (``ladder``, ``halving``, ``eta``,
+            ``top_k``, ``seeds``, ``min_agreement``, ``max_target_drop``, ``escalate``, ``disagreement``, ``probes``,
             ``probe_margin``, ``fallback_targets``): the width ladder, full-size targets, escalation and fallback
             targets after the search.
 
