@@ -544,3 +544,43 @@ def test_the_target_starts_beside_the_last_rungs_straggler_with_the_same_returne
     (overlap, stages, returned), (overlap_waiting, stages_waiting, returned_waiting) = runs[True], runs[False]
     assert overlap and not overlap_waiting  # a target trained while the rung's trial of 2 still did
     assert stages == stages_waiting and returned == returned_waiting  # every stage's scores, the target's included
+
+
+@pytest.mark.parametrize("space, halves", [(SPACE, None), ({"lr": tune.loguniform(1e-4, 3e-2), "momentum": 0.0}, True)])
+def test_the_rungs_halve_as_the_search_members_reported_curves_decide(ray_cluster, tmp_path, caplog, space, halves):
+    """``halving="auto"`` (the default) on a local cluster: the decision equals the pure choice recomputed from what
+    the search members reported to Tune, and the rung's trials halve exactly when it says so (learning rates alone
+    rank after epoch 1 as after 4: halving; ``None``: either)."""
+    from schedulers.halving_choice import choose_halving
+    from schedulers.rung_halving import milestones
+
+    workload = spec(epochs=4, model=lambda config: MLP((64, 64, 64, 10)))
+    searcher = HydroSearcher(workload, num_samples=12, fusion=12, scale=4, seed=0, ladder=True, eta=2,
+                             fallback_targets=0)
+    with caplog.at_level(logging.INFO, logger="hydro"):
+        results = tune.Tuner(
+            trainable(workload), param_space=space,
+            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, metric="val_acc", mode="max",
+                                        reuse_actors=True),
+            run_config=tune.RunConfig(name="halving", storage_path=str(tmp_path), verbose=0)).fit()
+    assert not results.errors
+    curves, final = {}, {}
+    for r in results:
+        plan = plan_of(r.config)
+        if plan.kind == TrialKind.SURROGATE and plan.scale == 4:  # the search's trials: every epoch reported
+            rows = r.metrics_dataframe.set_index("epoch")
+            for member in plan.member_ids:
+                curves[member] = {e: rows.loc[e, f"members/{member}/val_acc"] for e in milestones(4, 2)}
+                final[member] = rows.loc[4, f"members/{member}/val_acc"]
+    choice = choose_halving(milestones(4, 2), curves, final, "max", 0.5)
+    assert halves in (None, choice.halving), choice.reason
+    assert len(final) == 12 and searcher.driver.state.halving is choice.halving is searcher.driver.policy.halving
+    assert f"rung halving {'on' if choice.halving else 'off'}: {choice.reason}" in caplog.text
+    rung = [r for r in results if plan_of(r.config).scale == 2]
+    assert rung and all((plan_of(r.config).halving is not None) == choice.halving for r in rung)
+    table = member_table(results, workload)
+    stopped = table[(table["kind"] == "surrogate") & table["member"].str.endswith("@2") & (table["epochs"] < 4)]
+    # 6 configurations at S=2 down to the target's 1: each trial keeps its share to the end
+    expected = sum(len(plan_of(r.config).members) - plan_of(r.config).halving.keep[-1] for r in rung
+                   if choice.halving)
+    assert len(stopped) == expected and (expected > 0) == choice.halving
