@@ -7,7 +7,9 @@ group holding parameters of a ``hydro.shrink`` model is split by their µP multi
 
 A step is a few multi-tensor (``torch._foreach_*``) operations over all of a group's parameters; per-member
 values enter as ``[F, 1, ..., 1]`` tensors on the parameters' device (computed there, so a step reads no
-tensor on the host), values every member shares as Python floats (torch's own scalar kernels).
+tensor on the host), values every member shares as Python floats (torch's own scalar kernels). On the CPU an
+optimizer may instead step each member with torch's fused kernel on its slices (:func:`host_kernel_fits`,
+:meth:`FusedOptimizer.member_slices`): one pass over each tensor, faster there than the multi-tensor operations.
 """
 from __future__ import annotations
 
@@ -59,6 +61,14 @@ class Derived:
     fn: Callable[[dict], Tensor]
     scalar: bool = True
     dtype: torch.dtype | None = None
+
+
+def host_kernel_fits(*tensors: list[Tensor]) -> bool:
+    """Whether torch's fused CPU kernels can step these lists of tensors: all contiguous floats on the CPU, of one
+    dtype (on a GPU the multi-tensor ops launch a few kernels for all members, which a per-member loop would not)."""
+    flat = [t for ts in tensors for t in ts]
+    return all(t.device.type == "cpu" and t.is_contiguous() and t.dtype == flat[0].dtype for t in flat) \
+        and flat[0].dtype in (torch.float32, torch.float64)
 
 
 def member_count(params: list[Tensor]) -> int:
@@ -176,19 +186,35 @@ class FusedOptimizer(torch.optim.Optimizer):
         by an LR scheduler; a recomputation reads no tensor when those hyperparameters are marked
         (:meth:`mark_uniform`)."""
         spec = self.derived[name]
-        key = (*(group[d] for d in spec.deps), group["lr_mult"], group["wd_mult"], like.dtype, like.device)
-        cache = self._cache.setdefault(id(group), {})
-        hit = cache.get(name)
-        if hit is not None and len(hit[0]) == len(key) and all(a is b or (not isinstance(a, Tensor) and a == b)
-                                                                 for a, b in zip(hit[0], key)):
+        key, hit = self._cached(group, name, name, like.dtype, like.device)
+        if hit is not None:
             return hit[1]
         computed = spec.fn(group)
         if spec.scalar and self._shared(computed, [group[d] for d in spec.deps]):
             value: float | Tensor = float(computed[0])
         else:
             value = on_device(computed, like.device, spec.dtype or like.dtype)
-        cache[name] = (key, value, {})
+        self._cache[id(group)][name] = (key, value, {})
         return value
+
+    def host_values(self, group: dict, name: str) -> list[float]:
+        """The derived per-member value ``name`` of ``group`` as ``F`` Python floats (for torch's fused CPU kernels,
+        member by member), cached like :meth:`values`: read again only when its hyperparameters are replaced."""
+        key, hit = self._cached(group, name, ("host", name))
+        if hit is None:
+            hit = self._cache[id(group)][("host", name)] = (key, self.derived[name].fn(group).tolist())
+        return hit[1]
+
+    def _cached(self, group: dict, name: str, slot, *extra) -> tuple[tuple, tuple | None]:
+        """The cache key of the derived value ``name`` of ``group`` (its hyperparameter tensors by identity, the
+        multipliers and ``extra``) and the entry cached in ``slot`` when it was computed for that key, else None."""
+        spec = self.derived[name]
+        key = (*(group[d] for d in spec.deps), group["lr_mult"], group["wd_mult"], *extra)
+        hit = self._cache.setdefault(id(group), {}).get(slot)
+        if hit is not None and len(hit[0]) == len(key) and all(a is b or (not isinstance(a, Tensor) and a == b)
+                                                                 for a, b in zip(hit[0], key)):
+            return key, hit
+        return key, None
 
     def per_param(self, group: dict, name: str, params: list[Tensor]) -> float | list[Tensor]:
         """:meth:`values` shaped to broadcast against each of ``params`` ``[F, ...]`` (one view per number of
@@ -241,6 +267,11 @@ class FusedOptimizer(torch.optim.Optimizer):
                 b.shape != s or b.dtype != p.dtype or b.device != p.device for b, s, p in zip(held, shapes, likes)):
             held = cache["scratch"] = [torch.empty(s, dtype=p.dtype, device=p.device) for s, p in zip(shapes, likes)]
         return held
+
+    def member_slices(self, tensors: Iterable[list[Tensor]], member: int) -> list[list[Tensor]]:
+        """Member ``member``'s slices ``t[member]`` of each list of tensors ``[F, ...]``; the lists themselves for
+        one member (a plain model's parameters have no member dimension)."""
+        return [[t[member] for t in ts] if self.num_members > 1 else ts for ts in tensors]
 
     @staticmethod
     def add_scaled(x: list[Tensor], y: list[Tensor], scale: float | list[Tensor], *,
