@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from hydro.checks import check
-from .base import Derived, FusedOptimizer, host_kernel_fits
+from .base import Derived, FusedOptimizer
 
 
 class Adam(FusedOptimizer):
@@ -66,7 +66,7 @@ class Adam(FusedOptimizer):
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
         torch._foreach_add_(steps, 1)
-        if group.get("cpu_kernel", True) and host_kernel_fits(params, grads, exp_avgs, exp_avg_sqs):
+        if self.host_kernel(group, params, grads, exp_avgs, exp_avg_sqs):
             self._host_update(group, params, grads, steps, exp_avgs, exp_avg_sqs)
             return
         if group["maximize"]:
@@ -105,9 +105,11 @@ class Adam(FusedOptimizer):
         counts = [step.to(torch.float32) for step in steps]
         lr, decay, beta1, beta2, eps = (self.host_values(group, name)
                                         for name in ("lr_all", "decay", "beta1_f64", "beta2", "eps"))
-        tensors = (params, grads, exp_avgs, exp_avg_sqs, maxes, counts)
+        views = [self.member_views(ts, group, slot) for ts, slot in (
+            (params, "params"), (grads, None), (exp_avgs, "exp_avg"), (exp_avg_sqs, "exp_avg_sq"),
+            (maxes, "max_exp_avg_sq"), (counts, None))]
         for m in range(self.num_members):
-            kernel(*self.member_slices(tensors, m), lr=lr[m], beta1=beta1[m], beta2=beta2[m], weight_decay=decay[m],
+            kernel(*(v[m] for v in views), lr=lr[m], beta1=beta1[m], beta2=beta2[m], weight_decay=decay[m],
                    eps=eps[m], amsgrad=group["amsgrad"], maximize=group["maximize"])
 
     def _member_steps(self, step: Tensor | int | float | None, p: Tensor) -> Tensor:

@@ -8,8 +8,8 @@ group holding parameters of a ``hydro.shrink`` model is split by their µP multi
 A step is a few multi-tensor (``torch._foreach_*``) operations over all of a group's parameters; per-member
 values enter as ``[F, 1, ..., 1]`` tensors on the parameters' device (computed there, so a step reads no
 tensor on the host), values every member shares as Python floats (torch's own scalar kernels). On the CPU an
-optimizer may instead step each member with torch's fused kernel on its slices (:func:`host_kernel_fits`,
-:meth:`FusedOptimizer.member_slices`): one pass over each tensor, faster there than the multi-tensor operations.
+optimizer may instead step each member with torch's fused kernel on its slices (:meth:`FusedOptimizer.host_kernel`,
+:meth:`FusedOptimizer.member_views`): one pass over each tensor, faster there than the multi-tensor operations.
 """
 from __future__ import annotations
 
@@ -63,12 +63,13 @@ class Derived:
     dtype: torch.dtype | None = None
 
 
-def host_kernel_fits(*tensors: list[Tensor]) -> bool:
+def _host_kernel_fits(*tensors: list[Tensor]) -> bool:
     """Whether torch's fused CPU kernels can step these lists of tensors: all contiguous floats on the CPU, of one
-    dtype (on a GPU the multi-tensor ops launch a few kernels for all members, which a per-member loop would not)."""
+    dtype."""
     flat = [t for ts in tensors for t in ts]
-    return all(t.device.type == "cpu" and t.is_contiguous() and t.dtype == flat[0].dtype for t in flat) \
-        and flat[0].dtype in (torch.float32, torch.float64)
+    dtype = flat[0].dtype
+    return dtype in (torch.float32, torch.float64) and all(t.is_cpu and t.is_contiguous() and t.dtype is dtype
+                                                           for t in flat)
 
 
 def member_count(params: list[Tensor]) -> int:
@@ -268,10 +269,34 @@ class FusedOptimizer(torch.optim.Optimizer):
             held = cache["scratch"] = [torch.empty(s, dtype=p.dtype, device=p.device) for s, p in zip(shapes, likes)]
         return held
 
-    def member_slices(self, tensors: Iterable[list[Tensor]], member: int) -> list[list[Tensor]]:
-        """Member ``member``'s slices ``t[member]`` of each list of tensors ``[F, ...]``; the lists themselves for
-        one member (a plain model's parameters have no member dimension)."""
-        return [[t[member] for t in ts] if self.num_members > 1 else ts for ts in tensors]
+    def member_views(self, tensors: list[Tensor], group: dict | None = None, slot: str | None = None
+                     ) -> list[list[Tensor]]:
+        """Per member ``m``, the slices ``t[m]`` of ``tensors`` ``[F, ...]`` (for one member, ``tensors`` itself: a
+        plain model's parameters have no member dimension). With ``group`` and ``slot``, for tensors that keep
+        their memory from step to step (parameters, optimizer state): made once and cached in ``slot`` of
+        ``group`` while ``tensors`` are the same tensors over the same memory."""
+        if self.num_members == 1:
+            return [tensors]
+        if slot is None:
+            return [[t[m] for t in tensors] for m in range(self.num_members)]
+        key = [(t, t.data_ptr()) for t in tensors]
+        cache = self._cache.setdefault(id(group), {}).setdefault("views", {})
+        hit = cache.get(slot)
+        if hit is None or len(hit[0]) != len(key) or len(hit[1]) != self.num_members or any(
+                a is not t or pa != pt for (a, pa), (t, pt) in zip(hit[0], key)):
+            hit = cache[slot] = (key, [[t[m] for t in tensors] for m in range(self.num_members)])
+        return hit[1]
+
+    def host_kernel(self, group: dict, *tensors: list[Tensor]) -> bool:
+        """Whether to step ``group`` with torch's fused CPU kernel member by member: its ``cpu_kernel`` (default
+        True) is set and ``tensors`` (lists: parameters, gradients, state) are all contiguous floats on the CPU,
+        of one dtype (on a GPU the multi-tensor ops launch a few kernels for all members, which a per-member loop
+        would not). When not, the group's cached :meth:`member_views` are dropped, keeping no memory alive (e.g.
+        the CPU memory of parameters moved to a GPU)."""
+        if group.get("cpu_kernel", True) and _host_kernel_fits(*tensors):
+            return True
+        self._cache.get(id(group), {}).pop("views", None)
+        return False
 
     @staticmethod
     def add_scaled(x: list[Tensor], y: list[Tensor], scale: float | list[Tensor], *,

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from hydro.checks import check
-from .base import Derived, FusedOptimizer, host_kernel_fits
+from .base import Derived, FusedOptimizer
 
 
 class SGD(FusedOptimizer):
@@ -49,7 +49,7 @@ class SGD(FusedOptimizer):
         # a buffer per parameter (None before its first step) while any member has momentum
         bufs = [self.state[p].get("momentum_buffer") for p in params] \
             if self.flag(group, "momentum", lambda m: bool(m.any())) else []
-        if group.get("cpu_kernel", True) and host_kernel_fits(params, grads, [b for b in bufs if b is not None]):
+        if self.host_kernel(group, params, grads, [b for b in bufs if b is not None]):
             self._host_update(group, params, grads, bufs)
             return
         if group["maximize"]:
@@ -89,8 +89,10 @@ class SGD(FusedOptimizer):
             bufs[i] = self.state[params[i]]["momentum_buffer"] = torch.empty_like(grads[i])
         lr, decay, momentum, dampening = (self.host_values(group, name)
                                           for name in ("lr", "decay", "momentum", "dampening"))
+        views = [self.member_views(ts, group, slot)
+                 for ts, slot in ((params, "params"), (grads, None), (bufs, "momentum_buffer"))]
         for m in range(self.num_members):
-            member_params, member_grads, member_bufs = self.member_slices((params, grads, bufs), m)
+            member_params, member_grads, member_bufs = (v[m] for v in views)
             same = dict(lr=lr[m], weight_decay=decay[m], maximize=group["maximize"])
             if not bufs:
                 torch._fused_sgd_(member_params, member_grads, [], momentum=0.0, dampening=dampening[m],
