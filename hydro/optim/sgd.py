@@ -12,8 +12,9 @@ class SGD(FusedOptimizer):
     """``torch.optim.SGD`` for ``F`` members at once; ``lr``, ``momentum``, ``dampening`` and ``weight_decay``
     are scalars or ``F`` values. Member ``i`` follows exactly the update torch's SGD would give it alone.
     ``cpu_kernel``: on the CPU, step each member with torch's fused SGD kernel, bit for bit as
-    ``torch.optim.SGD(..., fused=True)`` steps it alone (one pass over each tensor, faster than the multi-tensor
-    operations, which step on GPUs and for ``cpu_kernel=False``).
+    ``torch.optim.SGD(..., fused=True)`` steps it alone (one pass over each tensor: faster than the multi-tensor
+    operations, which step on GPUs and for ``cpu_kernel=False``, but on the smallest models, where the calls per
+    member cost more than the passes they save).
 
     Members without momentum (``momentum = 0`` beside members with) keep a buffer equal to their gradient
     (after ``maximize`` and weight decay; ``0 * buffer + gradient`` in the multi-tensor operations), so every
