@@ -1,11 +1,11 @@
 """The multi-tensor fused optimizers: bit-identical to the per-parameter loop they replace (and so to torch per
 member, tests/test_optim.py), a few aten operations per step, no host reads of tensor values in steady state; on
-the CPU, Adam(W) steps each member with torch's fused kernel, bit-identical to ``torch.optim.Adam(W)(fused=True)``."""
+the CPU, each member steps with torch's fused kernel, bit-identical to ``torch.optim.SGD/Adam/AdamW(fused=True)``."""
 import copy
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 import hydro
 from hydro.examples.models import CNN, ResNet18
@@ -54,44 +54,132 @@ EXACT = [  # each differs per member in what it tunes
 ]
 
 
-def _multi_tensor(cls, kwargs: dict) -> dict:
-    """``kwargs`` for ``cls`` with Adam's CPU kernel off: the multi-tensor operations, as on a GPU."""
-    return {**kwargs, "cpu_kernel": False} if issubclass(cls, Adam) else kwargs
+def _multi_tensor(kwargs: dict) -> dict:
+    """``kwargs`` with the CPU kernel off: the multi-tensor operations, as on a GPU."""
+    return {**kwargs, "cpu_kernel": False}
 
 
 @pytest.mark.parametrize("cls,kwargs", EXACT)
 def test_multi_tensor_step_is_bit_identical_to_the_loop(cls, kwargs):
-    model, twin = _new_and_loop(cls, _multi_tensor(cls, kwargs))
+    model, twin = _new_and_loop(cls, _multi_tensor(kwargs))
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         assert torch.equal(a, b), name
 
 
 def _member_values(kwargs: dict, member: int) -> dict:
-    """``kwargs`` of a fused Adam(W) with member ``member``'s values (scalars kept)."""
+    """``kwargs`` of a fused optimizer with member ``member``'s values (scalars kept)."""
     pick = lambda v: v[member] if isinstance(v, list) else v  # noqa: E731
     return {k: tuple(map(pick, v)) if k == "betas" else pick(v) for k, v in kwargs.items()}
 
 
-@pytest.mark.parametrize("cls,kwargs", [(c, k) for c, k in EXACT if issubclass(c, Adam)])
-def test_on_the_cpu_each_member_steps_exactly_as_torchs_fused_adam(cls, kwargs):
-    model = _fused_cnn()
-    optimizer = cls(model.parameters(), **kwargs)
-    params = list(model.parameters())
+TORCH = {SGD: torch.optim.SGD, Adam: torch.optim.Adam, AdamW: torch.optim.AdamW}
+KERNEL = EXACT + [  # beside EXACT's: plain SGD, dampening and Nesterov per member, a member without momentum
+    (SGD, dict(lr=[0.1, 0.05, 0.2])),
+    (SGD, dict(lr=[0.1, 0.05, 0.2], momentum=[0.9, 0.0, 0.5], dampening=[0.0, 0.3, 0.5], weight_decay=1e-2)),
+    (SGD, dict(lr=0.1, momentum=[0.9, 0.5, 0.99], nesterov=True, weight_decay=[0.0, 1e-3, 1e-1], maximize=True)),
+]
+
+
+def _members_alone(params: list[Tensor], make) -> tuple[list[list[Tensor]], list]:
+    """Each member's slices of ``params`` as its own leaf tensors, and ``make(member, tensors)`` per member."""
     members = [[p[m].detach().clone().requires_grad_() for p in params] for m in range(MEMBERS)]
-    torch_cls = torch.optim.AdamW if cls is AdamW else torch.optim.Adam
-    plain = [torch_cls(ps, fused=True, **_member_values(kwargs, m)) for m, ps in enumerate(members)]
-    g = torch.Generator().manual_seed(3)
-    for _ in range(4):
+    return members, [make(m, ts) for m, ts in enumerate(members)]
+
+
+def _step_alike(params, optimizer, members, plain, steps: int, seed: int = 3, skip=lambda step, i: False) -> None:
+    """``steps`` steps of ``optimizer`` over ``params`` and of each member's ``plain`` optimizer over its tensors,
+    on the same random gradients (none for parameter ``i`` at step ``s`` where ``skip(s, i)``)."""
+    g = torch.Generator().manual_seed(seed)
+    for step in range(steps):
         for i, p in enumerate(params):
-            p.grad = torch.randn(p.shape, generator=g)
-            for m in range(MEMBERS):
-                members[m][i].grad = p.grad[m].clone()
+            grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+            p.grad = None if skip(step, i) else grad
+            for m in range(len(members)):
+                members[m][i].grad = None if p.grad is None else p.grad[m].clone()
         optimizer.step()
         for o in plain:
             o.step()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("cls,kwargs", KERNEL)
+def test_on_the_cpu_each_member_steps_exactly_as_torchs_fused_optimizer(cls, kwargs, dtype):
+    model = _fused_cnn().to(dtype)
+    params = list(model.parameters())
+    optimizer = cls(params, **kwargs)
+    members, plain = _members_alone(params, lambda m, ts: TORCH[cls](ts, fused=True, **_member_values(kwargs, m)))
+    _step_alike(params, optimizer, members, plain, steps=5)
     for m in range(MEMBERS):
         for p, q in zip(params, members[m]):
             assert torch.equal(p[m], q)
+
+
+def test_a_parameter_whose_first_gradient_comes_late_starts_its_buffer_then():
+    """Torch's fused SGD starts its buffers on a group's first step; a parameter without a gradient then starts
+    its own on its first step (here: as a torch parameter group of its own)."""
+    model = _fused_cnn()
+    params = list(model.parameters())
+    kwargs = dict(lr=[0.1, 0.05, 0.2], momentum=[0.9, 0.0, 0.5], dampening=0.1)
+    optimizer = SGD(params, **kwargs)
+    members, plain = _members_alone(params, lambda m, ts: torch.optim.SGD(
+        [{"params": [t]} for t in ts], fused=True, **_member_values(kwargs, m)))
+    _step_alike(params, optimizer, members, plain, steps=4, skip=lambda step, i: step < 2 and i % 2 == 0)
+    for m in range(MEMBERS):
+        for p, q in zip(params, members[m]):
+            assert torch.equal(p[m], q)
+
+
+def _sgd_steps(model, optimizer, steps: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        optimizer.step()
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["kernel-then-multi-tensor", "multi-tensor-then-kernel"])
+def test_sgd_state_means_the_same_in_both_paths_and_resumes_in_the_other(first):
+    """Momentum buffers (a member without momentum's too) are the same whichever path made them, up to rounding
+    (the multi-tensor operations fuse some multiply-adds the kernel rounds twice); an optimizer restored from a
+    checkpoint and switched to the other path goes on as one that did not switch."""
+    kwargs = dict(lr=[0.1, 0.05, 0.2], momentum=[0.9, 0.0, 0.5], dampening=[0.1, 0.0, 0.0], weight_decay=1e-2,
+                  maximize=True)
+    start = _fused_cnn()
+    models = {kernel: copy.deepcopy(start) for kernel in (True, False)}
+    optimizers = {kernel: SGD(model.parameters(), **kwargs, cpu_kernel=kernel) for kernel, model in models.items()}
+    for kernel, model in models.items():
+        _sgd_steps(model, optimizers[kernel], 3, seed=5)
+    for p, q in zip(models[True].parameters(), models[False].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(optimizers[True].state[p]["momentum_buffer"],
+                                   optimizers[False].state[q]["momentum_buffer"], rtol=1e-6, atol=1e-7)
+    restored = copy.deepcopy(models[first])
+    optimizer = SGD(restored.parameters(), lr=1.0, cpu_kernel=first)
+    optimizer.load_state_dict(copy.deepcopy(optimizers[first].state_dict()))  # (as a checkpoint: not shared)
+    for group in optimizer.param_groups:
+        assert group["cpu_kernel"] is first
+        group["cpu_kernel"] = not first
+    _sgd_steps(restored, optimizer, 3, seed=6)
+    _sgd_steps(models[first], optimizers[first], 3, seed=6)
+    for p, q in zip(restored.parameters(), models[first].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_sgd_members_kept_step_on_exactly_as_torchs_fused_sgd():
+    """keep_members slices the kernel's state: the members kept go on as torch's fused SGD on each alone."""
+    model = _fused_cnn()
+    params = list(model.parameters())
+    kwargs = dict(lr=[0.1, 0.05, 0.2], momentum=[0.0, 0.9, 0.5], weight_decay=[1e-2, 0.0, 1e-3])
+    optimizer = SGD(params, **kwargs)
+    members, plain = _members_alone(params, lambda m, ts: torch.optim.SGD(ts, fused=True, **_member_values(kwargs, m)))
+    _step_alike(params, optimizer, members, plain, steps=3)
+    keep = [2, 0]
+    hydro.keep_members(model, keep, optimizer=optimizer)
+    params = list(model.parameters())
+    _step_alike(params, optimizer, [members[m] for m in keep], [plain[m] for m in keep], steps=3, seed=4)
+    for position, m in enumerate(keep):
+        for p, q in zip(params, members[m]):
+            assert torch.equal(p[position], q)
 
 
 def _train_both(models, optimizers, steps: int) -> None:
@@ -127,7 +215,7 @@ def test_mup_groups_step_as_the_loop():
         return hydro.fuse([hydro.shrink(copy.deepcopy(wide), 4) for _ in range(MEMBERS)])
 
     model, twin = build(), build()
-    opts = [c(m.parameters(), lr=[0.05, 0.1, 0.2], momentum=0.9, weight_decay=1e-3)
+    opts = [c(m.parameters(), **_multi_tensor(dict(lr=[0.05, 0.1, 0.2], momentum=0.9, weight_decay=1e-3)))
             for c, m in ((SGD, model), (LOOP[SGD], twin))]
     assert len(opts[0].param_groups) == len(opts[1].param_groups) > 1
     _train_both((model, twin), opts, steps=4)
@@ -162,7 +250,7 @@ def _steady_step_counts(fused, optimizer):
 ])
 def test_one_step_over_a_resnet18_dispatches_a_few_operations(cls, kwargs, limit):
     fused = _resnet()
-    optimizer = cls(fused.parameters(), **_multi_tensor(cls, kwargs))
+    optimizer = cls(fused.parameters(), **_multi_tensor(kwargs))
     assert len(optimizer.param_groups) > 1  # µP's
     new = _steady_step_counts(fused, optimizer)
     old = _steady_step_counts(fused, LOOP[cls](fused.parameters(), **kwargs))

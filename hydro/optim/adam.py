@@ -66,7 +66,7 @@ class Adam(FusedOptimizer):
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
         torch._foreach_add_(steps, 1)
-        if group.get("cpu_kernel", True) and _host_kernel_fits(params, grads, exp_avgs, exp_avg_sqs):
+        if self.host_kernel(group, params, grads, exp_avgs, exp_avg_sqs):
             self._host_update(group, params, grads, steps, exp_avgs, exp_avg_sqs)
             return
         if group["maximize"]:
@@ -103,13 +103,14 @@ class Adam(FusedOptimizer):
         kernel = torch._fused_adamw_ if group["decoupled_weight_decay"] else torch._fused_adam_
         maxes = [self.state[p]["max_exp_avg_sq"] for p in params] if group["amsgrad"] else []
         counts = [step.to(torch.float32) for step in steps]
-        lr, decay = (self.derived[name].fn(group).tolist() for name in ("lr_all", "decay"))
-        beta1, beta2, eps = group["beta1"].tolist(), group["beta2"].tolist(), group["eps"].tolist()
-        tensors = (params, grads, exp_avgs, exp_avg_sqs, maxes, counts)
-        for m in range(self.num_members):  # one member: whole tensors (a plain model's too)
-            kernel(*([t[m] for t in ts] if self.num_members > 1 else ts for ts in tensors), lr=lr[m],
-                   beta1=beta1[m], beta2=beta2[m], weight_decay=decay[m], eps=eps[m], amsgrad=group["amsgrad"],
-                   maximize=group["maximize"])
+        lr, decay, beta1, beta2, eps = (self.host_values(group, name)
+                                        for name in ("lr_all", "decay", "beta1_f64", "beta2", "eps"))
+        views = [self.member_views(ts, group, slot) for ts, slot in (
+            (params, "params"), (grads, None), (exp_avgs, "exp_avg"), (exp_avg_sqs, "exp_avg_sq"),
+            (maxes, "max_exp_avg_sq"), (counts, None))]
+        for m in range(self.num_members):
+            kernel(*(v[m] for v in views), lr=lr[m], beta1=beta1[m], beta2=beta2[m], weight_decay=decay[m],
+                   eps=eps[m], amsgrad=group["amsgrad"], maximize=group["maximize"])
 
     def _member_steps(self, step: Tensor | int | float | None, p: Tensor) -> Tensor:
         """The step counts of ``p``'s members as ``[F, 1, ..., 1]`` int64 on ``p``'s device (a skipped step
@@ -135,14 +136,6 @@ class Adam(FusedOptimizer):
         cast = self.scratch(group, params, 2)
         torch._foreach_copy_(cast, step_size + bias_correction2)
         return cast[:len(params)], cast[len(params):]
-
-
-def _host_kernel_fits(*tensors: list[Tensor]) -> bool:
-    """Whether torch's fused CPU kernel can step these lists of tensors: all contiguous floats on the CPU, of one
-    dtype (on a GPU the multi-tensor ops launch a few kernels for all members, which a per-member loop would not)."""
-    flat = [t for ts in tensors for t in ts]
-    return all(t.device.type == "cpu" and t.is_contiguous() and t.dtype == flat[0].dtype for t in flat) \
-        and flat[0].dtype in (torch.float32, torch.float64)
 
 
 class AdamW(Adam):

@@ -7,7 +7,9 @@ group holding parameters of a ``hydro.shrink`` model is split by their µP multi
 
 A step is a few multi-tensor (``torch._foreach_*``) operations over all of a group's parameters; per-member
 values enter as ``[F, 1, ..., 1]`` tensors on the parameters' device (computed there, so a step reads no
-tensor on the host), values every member shares as Python floats (torch's own scalar kernels).
+tensor on the host), values every member shares as Python floats (torch's own scalar kernels). On the CPU an
+optimizer may instead step each member with torch's fused kernel on its slices (:meth:`FusedOptimizer.host_kernel`,
+:meth:`FusedOptimizer.member_views`): one pass over each tensor, faster there than the multi-tensor operations.
 """
 from __future__ import annotations
 
@@ -59,6 +61,15 @@ class Derived:
     fn: Callable[[dict], Tensor]
     scalar: bool = True
     dtype: torch.dtype | None = None
+
+
+def _host_kernel_fits(*tensors: list[Tensor]) -> bool:
+    """Whether torch's fused CPU kernels can step these lists of tensors: all contiguous floats on the CPU, of one
+    dtype."""
+    flat = [t for ts in tensors for t in ts]
+    dtype = flat[0].dtype
+    return dtype in (torch.float32, torch.float64) and all(t.is_cpu and t.is_contiguous() and t.dtype is dtype
+                                                           for t in flat)
 
 
 def member_count(params: list[Tensor]) -> int:
@@ -176,19 +187,35 @@ class FusedOptimizer(torch.optim.Optimizer):
         by an LR scheduler; a recomputation reads no tensor when those hyperparameters are marked
         (:meth:`mark_uniform`)."""
         spec = self.derived[name]
-        key = (*(group[d] for d in spec.deps), group["lr_mult"], group["wd_mult"], like.dtype, like.device)
-        cache = self._cache.setdefault(id(group), {})
-        hit = cache.get(name)
-        if hit is not None and len(hit[0]) == len(key) and all(a is b or (not isinstance(a, Tensor) and a == b)
-                                                                 for a, b in zip(hit[0], key)):
+        key, hit = self._cached(group, name, name, like.dtype, like.device)
+        if hit is not None:
             return hit[1]
         computed = spec.fn(group)
         if spec.scalar and self._shared(computed, [group[d] for d in spec.deps]):
             value: float | Tensor = float(computed[0])
         else:
             value = on_device(computed, like.device, spec.dtype or like.dtype)
-        cache[name] = (key, value, {})
+        self._cache[id(group)][name] = (key, value, {})
         return value
+
+    def host_values(self, group: dict, name: str) -> list[float]:
+        """The derived per-member value ``name`` of ``group`` as ``F`` Python floats (for torch's fused CPU kernels,
+        member by member), cached like :meth:`values`: read again only when its hyperparameters are replaced."""
+        key, hit = self._cached(group, name, ("host", name))
+        if hit is None:
+            hit = self._cache[id(group)][("host", name)] = (key, self.derived[name].fn(group).tolist())
+        return hit[1]
+
+    def _cached(self, group: dict, name: str, slot, *extra) -> tuple[tuple, tuple | None]:
+        """The cache key of the derived value ``name`` of ``group`` (its hyperparameter tensors by identity, the
+        multipliers and ``extra``) and the entry cached in ``slot`` when it was computed for that key, else None."""
+        spec = self.derived[name]
+        key = (*(group[d] for d in spec.deps), group["lr_mult"], group["wd_mult"], *extra)
+        hit = self._cache.setdefault(id(group), {}).get(slot)
+        if hit is not None and len(hit[0]) == len(key) and all(a is b or (not isinstance(a, Tensor) and a == b)
+                                                                 for a, b in zip(hit[0], key)):
+            return key, hit
+        return key, None
 
     def per_param(self, group: dict, name: str, params: list[Tensor]) -> float | list[Tensor]:
         """:meth:`values` shaped to broadcast against each of ``params`` ``[F, ...]`` (one view per number of
@@ -241,6 +268,35 @@ class FusedOptimizer(torch.optim.Optimizer):
                 b.shape != s or b.dtype != p.dtype or b.device != p.device for b, s, p in zip(held, shapes, likes)):
             held = cache["scratch"] = [torch.empty(s, dtype=p.dtype, device=p.device) for s, p in zip(shapes, likes)]
         return held
+
+    def member_views(self, tensors: list[Tensor], group: dict | None = None, slot: str | None = None
+                     ) -> list[list[Tensor]]:
+        """Per member ``m``, the slices ``t[m]`` of ``tensors`` ``[F, ...]`` (for one member, ``tensors`` itself: a
+        plain model's parameters have no member dimension). With ``group`` and ``slot``, for tensors that keep
+        their memory from step to step (parameters, optimizer state): made once and cached in ``slot`` of
+        ``group`` while ``tensors`` are the same tensors over the same memory."""
+        if self.num_members == 1:
+            return [tensors]
+        if slot is None:
+            return [[t[m] for t in tensors] for m in range(self.num_members)]
+        key = [(t, t.data_ptr()) for t in tensors]
+        cache = self._cache.setdefault(id(group), {}).setdefault("views", {})
+        hit = cache.get(slot)
+        if hit is None or len(hit[0]) != len(key) or len(hit[1]) != self.num_members or any(
+                a is not t or pa != pt for (a, pa), (t, pt) in zip(hit[0], key)):
+            hit = cache[slot] = (key, [[t[m] for t in tensors] for m in range(self.num_members)])
+        return hit[1]
+
+    def host_kernel(self, group: dict, *tensors: list[Tensor]) -> bool:
+        """Whether to step ``group`` with torch's fused CPU kernel member by member: its ``cpu_kernel`` (default
+        True) is set and ``tensors`` (lists: parameters, gradients, state) are all contiguous floats on the CPU,
+        of one dtype (on a GPU the multi-tensor ops launch a few kernels for all members, which a per-member loop
+        would not). When not, the group's cached :meth:`member_views` are dropped, keeping no memory alive (e.g.
+        the CPU memory of parameters moved to a GPU)."""
+        if group.get("cpu_kernel", True) and _host_kernel_fits(*tensors):
+            return True
+        self._cache.get(id(group), {}).pop("views", None)
+        return False
 
     @staticmethod
     def add_scaled(x: list[Tensor], y: list[Tensor], scale: float | list[Tensor], *,
