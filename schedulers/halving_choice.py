@@ -14,8 +14,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from schedulers import rung_halving
 from schedulers.member_stopping import score
-from schedulers.transfer import rho_lower_bound, spearman
+from schedulers.transfer import FULL_SIZE, TransferPolicy, rho_lower_bound, spearman
 
 MIN_MEMBERS = 4  # fewer search members with a full curve give no bound
 
@@ -75,3 +76,25 @@ def choose_halving(milestones: Sequence[int], curves: Mapping[str, Mapping[int, 
                f"a milestone's ranking is not shown to predict the end's (lower bound below {min_agreement:g}): the "
                f"rungs train every member to the end")
     return HalvingChoice(halving, tuple(agreements), f"the search members' curves, {words}: {verdict}")
+
+
+def auto_halving(policy: TransferPolicy, curves: Mapping[str, Mapping[int, float]],
+                 final: Mapping[str, float]) -> HalvingChoice:
+    """The rungs' halving of ``policy`` when its ``halving`` is :data:`~schedulers.transfer.AUTO`, as the search
+    driver decides it when the stages start.
+
+    Args:
+        policy: the transfer policy (its ``scale``: the search's; ``epochs``: what a member trains).
+        curves: search member -> {epoch: the metric after it}, at least at the milestones of ``policy.epochs`` and
+            ``policy.eta`` (:func:`~schedulers.rung_halving.milestones`).
+        final: search member -> the metric after its last epoch, for the members that trained every epoch.
+
+    Returns:
+        :func:`choose_halving` over the milestones where a ladder rung could halve (a ladder whose first rung is
+        finer than the search but not full size, one seed); otherwise off, without a check.
+    """
+    if not policy.ladder or policy.scale // 2 <= FULL_SIZE or policy.seeds > 1:
+        return HalvingChoice(False, (), "no ladder rung could halve (no ladder, a first rung at full size, or seed "
+                                        "repeats, whose rungs train whole)")
+    return choose_halving(rung_halving.milestones(policy.epochs, policy.eta), curves, final, policy.mode,
+                          policy.min_agreement)
