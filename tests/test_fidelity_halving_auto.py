@@ -4,6 +4,7 @@ driver's own decision on those curves, and the halving benchmark's auto pair rep
 that decision says."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -12,6 +13,7 @@ import pytest
 from benchmarks import halving_fidelity
 from benchmarks.transfer_fidelity import Trainer, Workload, hydro_run
 from hydro.trial.plan import TrialKind, TrialPlan
+from hydro.trial.spec import TuneSpec
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import digits_mlp
 from hydro.tune.search.random_search import RandomSearch
@@ -19,13 +21,20 @@ from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.rung_halving import milestones
 from schedulers.search_driver import SearchDriver
 from schedulers.transfer import AUTO, TransferPolicy
+from tests.digits import small_digits
 from tests.test_search_driver import Cluster  # one trial slot
 
 CONFIGS = 8
 
 
+def tiny_mlp(hidden: int) -> tuple[TuneSpec, dict]:
+    """The digits MLP with ``hidden`` units on a few hundred digits, 3 epochs (one milestone, after epoch 1)."""
+    spec, space = digits_mlp(epochs=3, hidden=hidden)
+    return dataclasses.replace(spec, data=small_digits), space
+
+
 def tiny() -> tuple[Trainer, dict[str, dict]]:
-    spec, space = digits_mlp(epochs=3, hidden=32)
+    spec, space = tiny_mlp(32)
     drawn = RandomSearch(space, seed=0)
     return Trainer(spec, spec.load_data()), {f"c{i:02d}": drawn.suggest(str(i)) for i in range(CONFIGS)}
 
@@ -96,7 +105,7 @@ def test_a_policy_that_set_its_halving_or_repeats_seeds_is_not_resolved():
 
 
 def test_the_halving_benchmarks_auto_pair_replays_the_full_or_the_halving_rungs_as_chosen(monkeypatch):
-    workload = Workload("tiny", "digits MLP (64)", lambda quick: digits_mlp(epochs=3, hidden=64))
+    workload = Workload("tiny", "digits MLP (64)", lambda quick: tiny_mlp(64))  # S=8 leaves 8
     monkeypatch.setitem(halving_fidelity.WORKLOADS, "tiny", workload)
     result = halving_fidelity.paired("tiny", 0, CONFIGS, ["S=8 default", "S=8 default+halving-auto"])
     forced, auto = result["pairs"]["S=8 default"], result["pairs"]["S=8 default+halving-auto"]
