@@ -23,7 +23,7 @@ from pathlib import Path
 from benchmarks.transfer_fidelity import VARIANTS, WORKLOADS
 from schedulers.transfer import Score
 
-DEFAULT_VARIANT = "S=8 ladder+escalate-probe+fallback-2"  # TransferPolicy's defaults
+DEFAULT_VARIANT = "S=8 ladder+escalate-probe+fallback-2"  # TransferPolicy's defaults, rungs whole (as recorded)
 GOAL = 0.01  # the issue's: within 1 point of accuracy, or 1% of the loss
 
 
@@ -123,7 +123,7 @@ def rows_table(runs: list[dict], variants: list[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="transfer_fidelity JSON files, or folders of them")
-    parser.add_argument("--variants", default=DEFAULT_VARIANT, help="comma-separated; default: TransferPolicy's")
+    parser.add_argument("--variants", default=DEFAULT_VARIANT, help="comma-separated; default: TransferPolicy's, rungs whole")
     parser.add_argument("--rows", action="store_true", help="also one row per run")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fidelity_summary.json"))
     args = parser.parse_args()

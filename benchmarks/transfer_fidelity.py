@@ -13,9 +13,13 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     policy's own decisions;
   * Hydro "auto": the scale measured as ``HydroSearcher(scale="auto")`` measures it (``hydro.trial.scale_plan``:
     the finest of S=8, 4, 2 whose fused step costs at most 2.5 times the S=8 one's, a choice of S=8 checked by
-    its pilot against S=4; the measuring's and the pilot's CPU time counted), then the policy's defaults;
+    its pilot against S=4; the measuring's and the pilot's CPU time counted), then the policy's defaults with
+    every rung trained whole (``halving=False``, as every variant not named "+halving");
   * the same with rung halving ("+halving"): each rung's fused trial stops members at the policy's milestones as a
-    rung trial does (``Trainer.halved``).
+    rung trial does (``Trainer.halved``);
+  * the policy's defaults themselves ("+halving-auto", ``halving="auto"``): the search also records each member's
+    validation metric at the rungs' milestone epochs, and the rungs halve where the search driver's rule
+    (``schedulers.halving_choice.auto_halving``) says so on those curves; the decision and why are in the JSON.
 Each variant's planned cost of the stages after the search (``plan_cost``) and what it trained, the search
 included (``trained_cost``), in full-size trainings, are in the JSON.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
@@ -50,7 +54,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,10 +70,11 @@ from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.search.random_search import RandomSearch
+from schedulers.halving_choice import auto_halving
 from schedulers.member_stopping import ASHA, score
-from schedulers.rung_halving import RungHalving
-from schedulers.scale_choice import AUTO, PILOT_CONFIGS
-from schedulers.transfer import Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
+from schedulers.rung_halving import RungHalving, milestones
+from schedulers.scale_choice import PILOT_CONFIGS
+from schedulers.transfer import AUTO, Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
 
 NOISE_SEEDS = (1, 2)  # extra full-size seeds of stock's top configuration
 TABLE_SCALES = (8, 4, 2)  # every configuration is also trained at each of these scales: how well each one ranks
@@ -166,22 +171,38 @@ class Trainer:
 
     def run(self, plan: TrialPlan, spec: TuneSpec | None = None) -> dict[str, float]:
         """Train ``plan`` for the spec's epochs; the members' final validation metric (member id -> value)."""
+        return self.curves(plan, (), spec)[0]
+
+    def curves(self, plan: TrialPlan, at: Collection[int],
+               spec: TuneSpec | None = None) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+        """Train ``plan`` for the spec's epochs, also evaluated after each epoch in ``at`` (evaluating does not
+        change training: ``FusedTrial.evaluate`` leaves its random streams as they were). Returns the members'
+        final validation metric (member id -> value) and, per epoch of ``at`` below the last, theirs after it."""
         spec = spec or self.spec
         start = time.process_time()
         trial = FusedTrial(spec, plan, self.data)
-        for _ in range(spec.epochs):
+        after: dict[int, dict[str, float]] = {}
+        for epoch in range(1, spec.epochs + 1):
             trial.train_epoch()
+            if epoch in at and epoch < spec.epochs:
+                after[epoch] = dict(zip(trial.member_ids, trial.evaluate()[spec.metric].tolist()))
         values = trial.evaluate()[spec.metric].tolist()
         self.seconds += time.process_time() - start
-        return dict(zip(trial.member_ids, values))
+        return dict(zip(trial.member_ids, values)), after
 
-    def surrogates(self, configs: dict[str, dict], scale: int, seeds: int) -> dict[str, Score]:
+    def surrogates(self, configs: dict[str, dict], scale: int, seeds: int,
+                   at: Collection[int] = ()) -> tuple[dict[str, Score], dict[str, dict[int, float]]]:
         """Each configuration ``seeds`` times (members ``<id>#<seed>`` differ in their initialisation) in one
-        fused trial of µP surrogates at ``scale``; their scores."""
+        fused trial of µP surrogates at ``scale``. Returns their scores and each configuration's curve: {epoch of
+        ``at`` below the spec's epochs: its seeds' mean validation metric after it}."""
         config_of = {f"{c}#{s}": c for c in configs for s in range(seeds)}
         members = [(m, configs[c]) for m, c in config_of.items()]
-        values = self.run(TrialPlan(TrialKind.SURROGATE, members, scale, mup=True))
-        return scores_of((config_of[m], v) for m, v in values.items())
+        values, after = self.curves(TrialPlan(TrialKind.SURROGATE, members, scale, mup=True), at)
+        curves: dict[str, dict[int, float]] = {c: {} for c in configs}
+        for epoch, then in after.items():
+            for c, s in scores_of((config_of[m], v) for m, v in then.items()).items():
+                curves[c][epoch] = s.mean
+        return scores_of((config_of[m], v) for m, v in values.items()), curves
 
     def halved(self, configs: dict[str, dict], scale: int, halving: RungHalving) -> tuple[dict[str, Score], int]:
         """The configurations in one fused trial of µP surrogates at ``scale`` (one seed) that stops members at
@@ -243,9 +264,17 @@ def stock_asha(trainer: Trainer, configs: dict[str, dict]) -> dict:
 def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy,
               targets: dict[str, tuple[float, float]]) -> dict:
     """Hydro's search at ``policy.scale`` and the stages the policy decides; ``targets`` caches full-size
-    trainings (config id -> (value, seconds)), which are deterministic, across runs."""
+    trainings (config id -> (value, seconds)), which are deterministic, across runs. A policy whose ``halving`` is
+    :data:`~schedulers.transfer.AUTO` is resolved as the search driver resolves it, from the search's curves
+    (:func:`~schedulers.halving_choice.auto_halving`); the result's ``halving_choice`` records the decision."""
     start, epochs = trainer.seconds, trainer.spec.epochs
-    stages = [trainer.surrogates(configs, policy.scale, policy.seeds)]
+    auto = policy.halving == AUTO
+    search, curves = trainer.surrogates(configs, policy.scale, policy.seeds,
+                                        milestones(epochs, policy.eta) if auto else ())
+    stages = [search]
+    choice = auto_halving(policy, curves, {c: s.mean for c, s in search.items()}) if auto else None
+    if choice is not None:
+        policy = dataclasses.replace(policy, halving=choice.halving)
     trained: list[str] = []  # at full size: the targets, then any fallback targets
     member_epochs = len(configs) * policy.seeds * epochs / policy.scale ** 2  # full-size member-epochs, search's
     while (rung := policy.next_rung(stages)) is not None:
@@ -254,7 +283,7 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
             halving = RungHalving.plan(len(rung.configs), rung.survivors, epochs, policy.eta) \
                 if rung.survivors else None
             if halving is None:
-                stages.append(trainer.surrogates(rung_configs, rung.scale, rung.seeds))
+                stages.append(trainer.surrogates(rung_configs, rung.scale, rung.seeds)[0])
                 trained_epochs = len(rung.configs) * rung.seeds * epochs
             else:
                 scores, trained_epochs = trainer.halved(rung_configs, rung.scale, halving)
@@ -284,27 +313,32 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
             "regression": None if (r := policy.regression(stages[:first + 2])) is None else vars(r),
             "escalation": next((r.why for r in rungs if r.kind == RungKind.ESCALATION), None),
             "fallback": [c for r in rungs if r.kind == RungKind.FALLBACK for c in r.configs],
-            "search_scores": {c: s.mean for c, s in stages[0].items()}}
+            "search_scores": {c: s.mean for c, s in stages[0].items()},
+            "halving_choice": None if choice is None else {
+                "halving": choice.halving, "reason": choice.reason,
+                "agreements": [vars(a) for a in choice.agreements]}}
 
 
 # --- the benchmark ----------------------------------------------------------------------------------------------
 
 # the best surrogate's alone; a variant that escalates does so on a confident disagreement unless it says "likely"
-# or "probe"; a target regresses when it does 1% worse than its surrogate unless the variant says otherwise
+# or "probe"; a target regresses when it does 1% worse than its surrogate unless the variant says otherwise; rungs
+# train whole unless it says "+halving" (every rung halves) or "+halving-auto" (TransferPolicy's default: chosen
+# from the search's curves)
 PLAIN = {"ladder": False, "top_k": 1, "seeds": 1, "escalate": False, "disagreement": Disagreement.CONFIDENT,
-         "fallback_targets": 0, "max_target_drop": 0.01}
+         "fallback_targets": 0, "max_target_drop": 0.01, "halving": False}
 VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=2": {"scale": 2},
     "S=4": {"scale": 4},
     "S=8": {"scale": 8},
     "S=8 seeds=3": {"scale": 8, "seeds": 3},
-    "S=8 ladder": {"scale": 8, "ladder": True},  # TransferPolicy's default
+    "S=8 ladder": {"scale": 8, "ladder": True},  # TransferPolicy's default ladder, rungs whole
     "S=8 top-3": {"scale": 8, "top_k": 3},
     "S=8 ladder+seeds=2+top-2": {"scale": 8, "ladder": True, "seeds": 2, "top_k": 2},
     "S=8 ladder+top-2": {"scale": 8, "ladder": True, "top_k": 2},
     "S=4 ladder+top-2": {"scale": 4, "ladder": True, "top_k": 2},
     "S=4 seeds=3": {"scale": 4, "seeds": 3},
-    "S=4 ladder": {"scale": 4, "ladder": True},  # TransferPolicy's default
+    "S=4 ladder": {"scale": 4, "ladder": True},  # TransferPolicy's default ladder, rungs whole
     "S=4 top-3": {"scale": 4, "top_k": 3},
     "S=4 ladder+seeds=2+top-2": {"scale": 4, "ladder": True, "seeds": 2, "top_k": 2},
     "S=8 ladder+fallback-1": {"scale": 8, "ladder": True, "fallback_targets": 1},
@@ -314,7 +348,7 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=8 ladder+escalate-likely+fallback-2": {"scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2,
                                               "disagreement": Disagreement.LIKELY},
     "S=8 ladder+escalate-probe+fallback-2": {"scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2,
-                                             "disagreement": Disagreement.PROBE},  # TransferPolicy's defaults
+                                             "disagreement": Disagreement.PROBE},  # the defaults, rungs whole
     "S=8 ladder+escalate-probe+fallback-2 on 2 slots": {"scale": 8, "ladder": True, "escalate": True,
                                                         "fallback_targets": 2, "disagreement": Disagreement.PROBE,
                                                         "slots": 2},  # HydroSearcher's on 2 CPU trial slots
@@ -328,12 +362,17 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
     "S=8 fallback-2": {"scale": 8, "fallback_targets": 2},
     "S=4 fallback-2": {"scale": 4, "fallback_targets": 2},
     "auto": {"scale": AUTO, "ladder": True, "escalate": True, "fallback_targets": 2,  # HydroSearcher(scale="auto")
-             "disagreement": Disagreement.PROBE},  # with TransferPolicy's defaults, at the scale it measures
+             "disagreement": Disagreement.PROBE},  # the defaults, rungs whole, at the scale it measures
     "S=8 ladder+escalate-probe+fallback-2+halving": {"scale": 8, "ladder": True, "escalate": True,
                                                      "fallback_targets": 2, "disagreement": Disagreement.PROBE,
                                                      "halving": True},  # the defaults, rungs halving over epochs
     "auto+halving": {"scale": AUTO, "ladder": True, "escalate": True, "fallback_targets": 2,
                      "disagreement": Disagreement.PROBE, "halving": True},
+    "S=8 ladder+escalate-probe+fallback-2+halving-auto": {"scale": 8, "ladder": True, "escalate": True,
+                                                          "fallback_targets": 2, "disagreement": Disagreement.PROBE,
+                                                          "halving": AUTO},  # TransferPolicy's defaults
+    "auto+halving-auto": {"scale": AUTO, "ladder": True, "escalate": True, "fallback_targets": 2,
+                          "disagreement": Disagreement.PROBE, "halving": AUTO},  # HydroSearcher(scale="auto")'s
 }.items()}
 
 
@@ -401,7 +440,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
     print(f"[{workload.name}] stock + ASHA: {asha['seconds']:.0f} s, {asha['epochs_per_config']:.1f} epochs per "
           f"configuration, best {asha['best']} (stock's score {full[asha['best']]:.4f})", flush=True)
     by_scale = previous["stock"]["by_scale"] if reused and "by_scale" in previous["stock"] else {
-        str(scale): {c: score.mean for c, score in trainer.surrogates(configs, scale, 1).items()}
+        str(scale): {c: score.mean for c, score in trainer.surrogates(configs, scale, 1)[0].items()}
         for scale in TABLE_SCALES}
     targets = {}
     for name in variants:
@@ -427,9 +466,11 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
         run["spearman_search_vs_full"] = spearman([run["search_scores"][c] for c in common], [full[c] for c in common])
         run["low_check"] = any(c["low"] for c in run["checks"]) or run["regression"] is not None
         runs[name] = run
+        chosen = run["halving_choice"]
+        said = "" if chosen is None else f"; rung halving {'on' if chosen['halving'] else 'off'}: {chosen['reason']}"
         print(f"[{workload.name}] {name}: {run['seconds']:.0f} s ({run['speedup']:.1f}x), target {run['target']:.4f} "
-              f"({run['returned']}), shortfall {run['shortfall']:+.4f}, Spearman {run['spearman_search_vs_full']:.2f}",
-              flush=True)
+              f"({run['returned']}), shortfall {run['shortfall']:+.4f}, Spearman {run['spearman_search_vs_full']:.2f}"
+              f"{said}", flush=True)
     # Each returned configuration's expected full-size score: trained as Hydro's target over the seeds stock's best
     # was measured on (the spec's and NOISE_SEEDS), as ``mup_score`` is for stock's best configuration.
     expected = {c: Score(**v) for c, v in previous["stock"].get("expected", {}).items()} if reused else {}

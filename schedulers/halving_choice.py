@@ -6,7 +6,8 @@ there. That holds only where a milestone's ranking predicts the end of training;
 (``docs/design/transfer.md``). The search's members train every epoch, so before any rung trains their scores tell:
 the rungs halve when, at every milestone, the Spearman rank agreement of the search members' scores there with their
 final scores has a one-sided 95% lower bound of at least ``min_agreement`` (the bound the transfer check uses, from
-the other side: the agreement must be shown, not merely not refuted).
+the other side: the agreement must be shown, not merely not refuted). Only a search at S <= :data:`MAX_SEARCH_SCALE`
+is read so: a narrower search may rank early as at the end where its wider rungs overfit.
 """
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from schedulers import rung_halving
 from schedulers.member_stopping import score
-from schedulers.transfer import rho_lower_bound, spearman
+from schedulers.transfer import FULL_SIZE, TransferPolicy, rho_lower_bound, spearman
 
 MIN_MEMBERS = 4  # fewer search members with a full curve give no bound
+# The widest divisor whose search's curves stand for its rungs': narrower surrogates may not overfit where the wider
+# rungs do (docs/design/transfer.md).
+MAX_SEARCH_SCALE = 4
 
 
 @dataclass(frozen=True)
@@ -75,3 +80,30 @@ def choose_halving(milestones: Sequence[int], curves: Mapping[str, Mapping[int, 
                f"a milestone's ranking is not shown to predict the end's (lower bound below {min_agreement:g}): the "
                f"rungs train every member to the end")
     return HalvingChoice(halving, tuple(agreements), f"the search members' curves, {words}: {verdict}")
+
+
+def auto_halving(policy: TransferPolicy, curves: Mapping[str, Mapping[int, float]],
+                 final: Mapping[str, float]) -> HalvingChoice:
+    """The rungs' halving of ``policy`` when its ``halving`` is :data:`~schedulers.transfer.AUTO`, as the search
+    driver decides it when the stages start.
+
+    Args:
+        policy: the transfer policy (its ``scale``: the search's; ``epochs``: what a member trains).
+        curves: search member -> {epoch: the metric after it}, at least at the milestones of ``policy.epochs`` and
+            ``policy.eta`` (:func:`~schedulers.rung_halving.milestones`).
+        final: search member -> the metric after its last epoch, for the members that trained every epoch.
+
+    Returns:
+        :func:`choose_halving` over the milestones where a ladder rung could halve (a ladder whose first rung is
+        finer than the search but not full size, one seed) and the search is at S <= :data:`MAX_SEARCH_SCALE`;
+        otherwise off, without a check.
+    """
+    if not policy.ladder or policy.scale // 2 <= FULL_SIZE or policy.seeds > 1:
+        return HalvingChoice(False, (), "no ladder rung could halve (no ladder, a first rung at full size, or seed "
+                                        "repeats, whose rungs train whole)")
+    if policy.scale > MAX_SEARCH_SCALE:
+        return HalvingChoice(False, (), f"a search at S={policy.scale} is too narrow to show whether its rungs "
+                                        f"(S={policy.scale // 2} and finer) overfit: the rungs train every member to "
+                                        f"the end (the check reads curves at S <= {MAX_SEARCH_SCALE})")
+    return choose_halving(rung_halving.milestones(policy.epochs, policy.eta), curves, final, policy.mode,
+                          policy.min_agreement)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from schedulers.early_target import early_targets
-from schedulers.halving_choice import choose_halving
+from schedulers.halving_choice import auto_halving
 from schedulers.member_id import MemberId
 from schedulers.member_ledger import EventKind, MemberEvent, MemberLedger
 from schedulers.member_pool import Member, MemberPool, Suggestion
@@ -415,23 +415,18 @@ class SearchDriver:
 
     def _choose_halving(self) -> None:
         """Decide the rungs' halving where it is :data:`~schedulers.transfer.AUTO`, when the stages start: from the
-        search members' curves (:func:`~schedulers.halving_choice.choose_halving`), off where no rung could halve
+        search members' curves (:func:`~schedulers.halving_choice.auto_halving`), off where no rung could halve
         (one scale, or seed repeats, whose rungs train whole)."""
         if self._halving_decided():
             return
-        state, policy = self.state, self.policy
-        halving = False
-        if policy.ladder and policy.scale // 2 > FULL_SIZE and policy.seeds == 1:
-            ledger = state.ledger
-            final = {m: (r or {}).get(self.metric, math.nan) for m, r in ledger.finished.items()
-                     if MemberId.parse(m).is_search and m not in ledger.failed
-                     and (r or {}).get("epoch") == self.epochs}
-            choice = choose_halving(milestones(self.epochs, policy.eta), state.curves, final, policy.mode,
-                                    policy.min_agreement)
-            halving = choice.halving
-            self.log.info("rung halving %s: %s", "on" if halving else "off", choice.reason)
-        state.halving, state.curves = halving, {}
-        self.policy = dataclasses.replace(policy, halving=halving)
+        state, ledger = self.state, self.state.ledger
+        final = {m: (r or {}).get(self.metric, math.nan) for m, r in ledger.finished.items()
+                 if MemberId.parse(m).is_search and m not in ledger.failed
+                 and (r or {}).get("epoch") == self.epochs}
+        choice = auto_halving(self.policy, state.curves, final)
+        self.log.info("rung halving %s: %s", "on" if choice.halving else "off", choice.reason)
+        state.halving, state.curves = choice.halving, {}
+        self.policy = dataclasses.replace(self.policy, halving=choice.halving)
 
     def _reached(self, members: list[str]) -> dict[str, int]:
         """The epoch each finished rung member's configuration was last measured after (its furthest seed)."""

@@ -90,10 +90,10 @@ class Cluster:
         return 1.0
 
 
-def run_search(halving, at_milestone, final, mode="max", epochs=8):
-    """A driver whose 24 search members (2 trials) report epoch 2 then their final epoch; returns it and its first
-    rung's first trial."""
-    policy = TransferPolicy(1.0, 24, "acc", mode, scale=8, halving=halving, escalate=False, fallback_targets=0)
+def run_search(halving, at_milestone, final, mode="max", epochs=8, scale=4):
+    """A driver whose 24 search members (2 trials) at ``scale`` report epoch 2 then their final epoch; returns it and
+    its first rung's first trial."""
+    policy = TransferPolicy(1.0, 24, "acc", mode, scale=scale, halving=halving, escalate=False, fallback_targets=0)
     d, cluster = SearchDriver(policy, MemberPool(24, 12), "acc", epochs, lambda config: 0), Cluster()
     configs = [{"lr": i} for i in range(24)]
     draw = lambda member: configs.pop(0) if configs else Suggestion.FINISHED  # noqa: E731
@@ -115,7 +115,7 @@ def test_the_driver_halves_the_rungs_where_the_search_curves_agree(caplog):
     assert d.state.curves == {}  # not kept once decided
     assert "rung halving on: the search members' curves, after epoch 2: Spearman 1.00 over 24" in caplog.text
     assert "stopped early" in caplog.text  # the plan logged after the choice counts it
-    restored = SearchDriver(TransferPolicy(1.0, 24, "acc", "max", scale=8, escalate=False, fallback_targets=0),
+    restored = SearchDriver(TransferPolicy(1.0, 24, "acc", "max", scale=4, escalate=False, fallback_targets=0),
                             MemberPool(24, 12), "acc", 8, lambda config: 0)
     restored.restore(pickle.loads(pickle.dumps(d.state)))
     assert restored.policy.halving is True
@@ -134,3 +134,11 @@ def test_a_halving_the_user_set_is_not_second_guessed():
     assert d.policy.halving is True and rung_trial.halving is not None and d.state.curves == {}
     d, rung_trial = run_search(False, lambda i: i / 100, lambda i: i / 100)
     assert rung_trial.halving is None and d.state.halving is None
+
+
+def test_a_search_too_narrow_to_show_its_rungs_overfitting_does_not_halve(caplog):
+    with caplog.at_level(logging.INFO):
+        d, rung_trial = run_search(AUTO, lambda i: i / 100, lambda i: 0.5 + i / 100, scale=8)  # curves that agree
+    assert d.policy.halving is False and rung_trial.halving is None
+    assert "rung halving off: a search at S=8 is too narrow to show whether its rungs (S=4 and finer) overfit" \
+        in caplog.text
