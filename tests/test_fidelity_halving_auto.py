@@ -117,4 +117,4 @@ def test_the_halving_benchmarks_auto_pair_replays_the_full_or_the_halving_rungs_
     for key in ("returned", "target", "plan_cost", "trained_cost"):
         assert halved[key] == same_as[key], key
     assert auto["loss"] == (forced["loss"] if on else None)
-    assert halving_fidelity.chosen(halved).startswith(f"auto: {'on' if on else 'off'}, epoch 1: ")
+    assert not on and halving_fidelity.chosen(halved) == "auto: off"  # a search at S=8 is not read: no check
