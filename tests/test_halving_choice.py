@@ -12,6 +12,7 @@ from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.rung_halving import RungHalving, milestones
 from schedulers.search_driver import SearchDriver, Stage
 from schedulers.transfer import AUTO, TransferPolicy, rho_lower_bound, rho_upper_bound
+from tests.test_search_driver import Cluster
 
 
 def test_milestones_are_the_rungs_cut_epochs():
@@ -79,22 +80,11 @@ def test_a_bad_halving_option_is_refused():
     assert TransferPolicy(1.0, 8, "acc", "max").halving == AUTO  # the default, valid at scale 1 too
 
 
-class Cluster:
-    def trial_request(self):
-        return {"CPU": 1.0}
-
-    def trial_slots(self):
-        return 2
-
-    def lone_trial_cpus(self):
-        return 1.0
-
-
 def run_search(halving, at_milestone, final, mode="max", epochs=8, scale=4):
     """A driver whose 24 search members (2 trials) at ``scale`` report epoch 2 then their final epoch; returns it and
     its first rung's first trial."""
     policy = TransferPolicy(1.0, 24, "acc", mode, scale=scale, halving=halving, escalate=False, fallback_targets=0)
-    d, cluster = SearchDriver(policy, MemberPool(24, 12), "acc", epochs, lambda config: 0), Cluster()
+    d, cluster = SearchDriver(policy, MemberPool(24, 12), "acc", epochs, lambda config: 0), Cluster(slots=2)
     configs = [{"lr": i} for i in range(24)]
     draw = lambda member: configs.pop(0) if configs else Suggestion.FINISHED  # noqa: E731
     trials = [d.next_trial(f"s{i}", draw, lambda key, config: 12, cluster) for i in range(2)]
