@@ -399,8 +399,9 @@ class SearchDriver:
         return RungHalving.plan(members, -(-survivors * members // len(run.members)), self.epochs, self.policy.eta)
 
     def _halving_decided(self) -> bool:
-        """Whether the rungs' halving is set (not :data:`~schedulers.transfer.AUTO`, or already chosen)."""
-        return self.policy.halving != AUTO
+        """Whether the rungs' halving is set (not :data:`~schedulers.transfer.AUTO`, or already chosen) or moot (an
+        unshrunk search has no rungs, and its policy refuses a halving set away from the default)."""
+        return self.policy.halving != AUTO or self.policy.scale == FULL_SIZE
 
     def _record_curves(self, events: list[MemberEvent]) -> None:
         """Keep the search members' objective at the rungs' milestone epochs while halving is to be chosen."""

@@ -83,7 +83,8 @@ def test_a_bad_halving_option_is_refused():
 def run_search(halving, at_milestone, final, mode="max", epochs=8, scale=4):
     """A driver whose 24 search members (2 trials) at ``scale`` report epoch 2 then their final epoch; returns it and
     its first rung's first trial."""
-    policy = TransferPolicy(1.0, 24, "acc", mode, scale=scale, halving=halving, escalate=False, fallback_targets=0)
+    stages = {"escalate": False, "fallback_targets": 0} if scale > 1 else {}
+    policy = TransferPolicy(1.0, 24, "acc", mode, scale=scale, halving=halving, **stages)
     d, cluster = SearchDriver(policy, MemberPool(24, 12), "acc", epochs, lambda config: 0), Cluster(slots=2)
     configs = [{"lr": i} for i in range(24)]
     draw = lambda member: configs.pop(0) if configs else Suggestion.FINISHED  # noqa: E731
@@ -132,3 +133,9 @@ def test_a_search_too_narrow_to_show_its_rungs_overfitting_does_not_halve(caplog
     assert d.policy.halving is False and rung_trial.halving is None
     assert "rung halving off: a search at S=8 is too narrow to show whether its rungs (S=4 and finer) overfit" \
         in caplog.text
+
+
+def test_an_unshrunk_search_leaves_the_choice_open_and_trains_its_target():
+    d, stage_trial = run_search(AUTO, lambda i: i / 100, lambda i: 0.5 + i / 100, scale=1)
+    assert d.policy.halving == AUTO and d.state.halving is None and d.state.curves == {}
+    assert d.stage is Stage.TARGET and stage_trial.is_target
