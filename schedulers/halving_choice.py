@@ -98,7 +98,7 @@ def auto_halving(policy: TransferPolicy, curves: Mapping[str, Mapping[int, float
         finer than the search but not full size, one seed) and the search is at S <= :data:`MAX_SEARCH_SCALE`;
         otherwise off, without a check.
     """
-    if not policy.ladder or policy.scale // 2 <= FULL_SIZE or policy.seeds > 1:
+    if not _has_halving_rungs(policy):
         return HalvingChoice(False, (), "no ladder rung could halve (no ladder, a first rung at full size, or seed "
                                         "repeats, whose rungs train whole)")
     if policy.scale > MAX_SEARCH_SCALE:
@@ -107,3 +107,14 @@ def auto_halving(policy: TransferPolicy, curves: Mapping[str, Mapping[int, float
                                         f"the end (the check reads curves at S <= {MAX_SEARCH_SCALE})")
     return choose_halving(rung_halving.milestones(policy.epochs, policy.eta), curves, final, policy.mode,
                           policy.min_agreement)
+
+
+def reads_curves(policy: TransferPolicy) -> bool:
+    """Whether :func:`auto_halving` decides ``policy``'s halving from the search members' curves (else it is off
+    without them, and nobody need record them)."""
+    return _has_halving_rungs(policy) and policy.scale <= MAX_SEARCH_SCALE
+
+
+def _has_halving_rungs(policy: TransferPolicy) -> bool:
+    """A ladder whose first rung is finer than the search but not full size, with one seed."""
+    return policy.ladder and policy.scale // 2 > FULL_SIZE and policy.seeds == 1

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from schedulers.early_target import early_targets
-from schedulers.halving_choice import auto_halving
+from schedulers.halving_choice import auto_halving, reads_curves
 from schedulers.member_id import MemberId
 from schedulers.member_ledger import EventKind, MemberEvent, MemberLedger
 from schedulers.member_pool import Member, MemberPool, Suggestion
@@ -404,8 +404,9 @@ class SearchDriver:
         return self.policy.halving != AUTO or self.policy.scale == FULL_SIZE
 
     def _record_curves(self, events: list[MemberEvent]) -> None:
-        """Keep the search members' objective at the rungs' milestone epochs while halving is to be chosen."""
-        if self._halving_decided() or self.policy.seeds > 1:
+        """Keep the search members' objective at the rungs' milestone epochs while halving is to be chosen from
+        them."""
+        if self._halving_decided() or not reads_curves(self.policy):
             return
         at = set(milestones(self.epochs, self.policy.eta))
         for event in events:

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from schedulers.halving_choice import choose_halving
+from schedulers.halving_choice import choose_halving, reads_curves
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.rung_halving import RungHalving, milestones
 from schedulers.search_driver import SearchDriver, Stage
@@ -139,3 +139,16 @@ def test_an_unshrunk_search_leaves_the_choice_open_and_trains_its_target():
     d, stage_trial = run_search(AUTO, lambda i: i / 100, lambda i: 0.5 + i / 100, scale=1)
     assert d.policy.halving == AUTO and d.state.halving is None and d.state.curves == {}
     assert d.stage is Stage.TARGET and stage_trial.is_target
+
+
+def test_curves_are_recorded_only_where_the_choice_reads_them():
+    for scale, kept in ((4, True), (8, False)):  # at S=8 nothing is kept for a choice that would not read it
+        d = SearchDriver(TransferPolicy(1.0, 24, "acc", "max", scale=scale), MemberPool(24, 12), "acc", 8,
+                         lambda config: 0)
+        trial = d.next_trial("s0", lambda member: {"lr": 0.1}, lambda key, config: 1, Cluster(slots=2))
+        d.on_result("s0", {m: {"acc": 0.5, "epoch": 2, "done": False} for m, _ in trial.members}, Cluster(slots=2))
+        assert bool(d.state.curves) is kept
+    policy = TransferPolicy(1.0, 24, "acc", "max", scale=4)
+    assert reads_curves(policy) and not reads_curves(TransferPolicy(1.0, 24, "acc", "max", scale=8))
+    assert not reads_curves(TransferPolicy(1.0, 24, "acc", "max", scale=4, seeds=2))
+    assert not reads_curves(TransferPolicy(1.0, 24, "acc", "max", scale=4, ladder=False))
