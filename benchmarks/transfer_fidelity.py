@@ -70,7 +70,7 @@ from hydro.trial.spec import TuneSpec, accuracy
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.search.random_search import RandomSearch
-from schedulers.halving_choice import auto_halving
+from schedulers.halving_choice import auto_halving, reads_curves
 from schedulers.member_stopping import ASHA, score
 from schedulers.rung_halving import RungHalving, milestones
 from schedulers.scale_choice import PILOT_CONFIGS
@@ -270,7 +270,7 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
     start, epochs = trainer.seconds, trainer.spec.epochs
     auto = policy.halving == AUTO
     search, curves = trainer.surrogates(configs, policy.scale, policy.seeds,
-                                        milestones(epochs, policy.eta) if auto else ())
+                                        milestones(epochs, policy.eta) if auto and reads_curves(policy) else ())
     stages = [search]
     choice = auto_halving(policy, curves, {c: s.mean for c, s in search.items()}) if auto else None
     if choice is not None:
