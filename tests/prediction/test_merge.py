@@ -5,7 +5,7 @@ import torch
 from hydro.trial.merge import merge_states
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
-from tests.prediction.workload import mlp_without_input_bias
+from tests.prediction.workload import grouped_sgd, mlp_without_input_bias
 from tests.tune.workload import small_digits, spec
 
 A = [("a1", {"lr": 0.1, "momentum": 0.9}), ("a2", {"lr": 0.05, "momentum": 0.0}), ("a3", {"lr": 0.2, "momentum": 0.9})]
@@ -80,16 +80,8 @@ def test_trials_without_momentum_merge_with_trials_with_it(one_thread, order):
     assert_go_on_alike(merged, parts)
 
 
-def _grouped_sgd(params, config):
-    """Weight decay on weights only, in two parameter groups, for members whose config says so."""
-    params = list(params)
-    groups = [{"params": [p for p in params if p.dim() > 1]},
-              {"params": [p for p in params if p.dim() == 1], "weight_decay": 0.0}] if config["groups"] else params
-    return torch.optim.SGD(groups, lr=config["lr"], momentum=0.9, weight_decay=1e-3)
-
-
 def test_trials_whose_optimizers_group_parameters_differently_do_not_merge():
-    workload = spec(optimizer=_grouped_sgd)
+    workload = spec(optimizer=grouped_sgd)
     grouped = trained(workload, [("g1", {"lr": 0.1, "groups": True})], ["g1"])
     whole = trained(workload, [("w1", {"lr": 0.1, "groups": False})], ["w1"])
     for parts in ([grouped, whole], [whole, grouped]):
