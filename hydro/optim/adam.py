@@ -1,6 +1,8 @@
 """Fused Adam and AdamW, each hyperparameter (``lr``, ``betas``, ``eps``, ``weight_decay``) per member."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 
@@ -15,6 +17,7 @@ class Adam(FusedOptimizer):
     4x faster than the multi-tensor operations, which step on GPUs and for ``cpu_kernel=False``)."""
 
     per_member = ("lr", "beta1", "beta2", "eps", "weight_decay")
+    state_keys = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     mup_rule = "adam"
     derived = {
         "lr_all": Derived(("lr",), lambda g: g["lr"] * g["lr_mult"], scalar=False, dtype=torch.float64),
@@ -34,6 +37,13 @@ class Adam(FusedOptimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize, decoupled_weight_decay=decoupled_weight_decay,
                                       cpu_kernel=cpu_kernel))
+
+    @classmethod
+    def absent_state(cls, key: str, group: Mapping, like: Tensor) -> Tensor:
+        """Zeros (moments and step counts), as a parameter's first step creates them."""
+        if key not in cls.state_keys:
+            return super().absent_state(key, group, like)
+        return torch.zeros_like(like)
 
     def _normalize(self, group: dict) -> None:
         if "betas" in group:

@@ -13,7 +13,7 @@ optimizer may instead step each member with torch's fused kernel on its slices (
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -90,6 +90,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     per_member: tuple[str, ...] = ("lr",)
     derived: dict[str, Derived] = {}  # what _update uses, by name (see values/per_param)
     mup_rule = "sgd"  # which µP multipliers apply: "sgd" (MuSGD) or "adam" (MuAdam, entrywise-normalised)
+    state_keys: tuple[str, ...] = ()  # the per-parameter state entries (see :meth:`absent_state`)
 
     def __init__(self, params: Iterable, defaults: dict) -> None:
         self.num_members: int | None = None
@@ -128,6 +129,20 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.num_members = count
         self._normalize(group)
         self._validate(group)
+
+    @classmethod
+    def absent_state(cls, key: str, group: Mapping, like: Tensor) -> Tensor:
+        """The state entry ``key`` (one of :attr:`state_keys`) of a parameter for members that have none yet,
+        beside members that have one (e.g. when the states of two optimizers are joined): the value with which
+        they step exactly as they would without it.
+
+        Args:
+            group: the members' saved parameter group (per-member hyperparameters ``[F]``).
+            like: ``[F, ...]``: the entry's shape, dtype and device for those members.
+        Raises:
+            ValueError: no value makes them step as without it (the reason, without a prefix).
+        """
+        raise ValueError(f"{cls.__name__} keeps no per-parameter state {key!r}")
 
     # torch.optim's methods, without importing torch._dynamo before anything compiles (see hydro.optim.dynamo_guard)
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -1,6 +1,8 @@
 """Fused SGD (momentum, dampening, Nesterov, weight decay), each hyperparameter per member."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 
@@ -23,6 +25,7 @@ class SGD(FusedOptimizer):
     another device by one path resumes in the other."""
 
     per_member = ("lr", "momentum", "dampening", "weight_decay")
+    state_keys = ("momentum_buffer",)
     derived = {
         "neg_lr": Derived(("lr",), lambda g: -g["lr"] * g["lr_mult"]),
         "decay": Derived(("weight_decay",), lambda g: g["weight_decay"] * g["wd_mult"]),
@@ -37,6 +40,23 @@ class SGD(FusedOptimizer):
                  nesterov: bool = False, *, maximize: bool = False, cpu_kernel: bool = True) -> None:
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize, cpu_kernel=cpu_kernel))
+
+    @classmethod
+    def absent_state(cls, key: str, group: Mapping, like: Tensor) -> Tensor:
+        """A zero buffer for members without one: a member without momentum overwrites its buffer with its gradient
+        (both paths); a member with finite momentum and no dampening takes ``momentum * 0 + gradient``, its
+        first momentum step. Refused for a member with dampening (or infinite/NaN momentum), whose first step
+        the buffers of the others would make an ordinary one."""
+        if key not in cls.state_keys:
+            return super().absent_state(key, group, like)
+        momentum, dampening = group["momentum"], group["dampening"]
+        first = (momentum != 0) & ~((dampening == 0) & momentum.isfinite())
+        if first.any():
+            raise ValueError(f"members with momentum {momentum[first].tolist()} and dampening "
+                             f"{dampening[first].tolist()} have no momentum buffer yet (their next step is their "
+                             f"first momentum step) beside members that have one, which would make it an ordinary "
+                             f"step")
+        return torch.zeros_like(like)
 
     def _validate(self, group: dict) -> None:
         super()._validate(group)

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from hydro.optim import SGD, Adam
+
 
 def merge_states(states: Sequence[Mapping]) -> dict:
     """One :class:`FusedTrial` state of all members of ``states`` (fused trials of one spec, each after
@@ -50,16 +52,48 @@ def merge_states(states: Sequence[Mapping]) -> dict:
 
 def _merge_optimizer(states: Sequence[Mapping], counts: Sequence[int]) -> dict:
     """Per-member optimizer tensors (first dimension = the trial's member count) concatenated; the rest must
-    agree."""
+    agree. A parameter's state entry that some trials lack while others hold it (members without momentum beside
+    members with, a parameter not stepped yet) is, for their members, the value their optimizer gives members
+    without it (:meth:`hydro.optim.FusedOptimizer.absent_state`): they step exactly as they would alone."""
+    shapes = [[sorted(group) for group in s["param_groups"]] for s in states]
+    if any(shape != shapes[0] for shape in shapes):
+        raise ValueError(f"merge_states: the trials' optimizers differ in their parameter groups (the keys of each "
+                         f"group, per trial: {shapes}); these trials cannot continue as one: keep them apart")
     groups = [[_merge_value(f"optimizer param_groups[{g}].{key}", [s["param_groups"][g][key] for s in states], counts)
                for key in states[0]["param_groups"][g]] for g in range(len(states[0]["param_groups"]))]
     param_groups = [dict(zip(states[0]["param_groups"][g], values)) for g, values in enumerate(groups)]
+    group_of = {index: g for g, group in enumerate(param_groups) for index in group["params"]}
     state = {}
-    for index in states[0]["state"]:
-        entries = [s["state"][index] for s in states]
-        state[index] = {key: _merge_value(f"optimizer state[{index}].{key}", [e[key] for e in entries], counts)
-                        for key in entries[0]}
+    for index in dict.fromkeys(index for s in states for index in s["state"]):
+        entries = [s["state"].get(index, {}) for s in states]
+        state[index] = {}
+        for key in dict.fromkeys(key for entry in entries for key in entry):
+            name = f"optimizer state[{index}].{key}"
+            values = [entry.get(key) for entry in entries]
+            if any(value is None for value in values):
+                values = _fill_absent(name, key, values, [s["param_groups"][group_of[index]] for s in states],
+                                      counts)
+            state[index][key] = _merge_value(name, values, counts)
     return {"state": state, "param_groups": param_groups}
+
+
+_OPTIMIZERS = (SGD, Adam)  # the fused optimizers by their state keys (AdamW keeps Adam's)
+
+
+def _fill_absent(name: str, key: str, values: list, groups: list[Mapping], counts: Sequence[int]) -> list:
+    """``values`` (one per chunk; ``None`` where a chunk lacks the entry) with each ``None`` replaced by the
+    entry its members hold without one (``groups``: each chunk's saved parameter group)."""
+    held = next((v for v, n in zip(values, counts) if isinstance(v, Tensor) and v.dim() and v.shape[0] == n), None)
+    kind = next((k for k in _OPTIMIZERS if key in k.state_keys), None)
+    if held is None or kind is None:
+        raise ValueError(f"merge_states: {name} is held by some trials only and is no per-member state of a "
+                         f"hydro.optim optimizer; these trials cannot continue as one: keep them apart")
+    try:
+        return [kind.absent_state(key, group, held.new_empty((n, *held.shape[1:]))) if v is None else v
+                for v, group, n in zip(values, groups, counts)]
+    except ValueError as error:
+        raise ValueError(f"merge_states: {name} is held by some trials only: {error}; these trials cannot continue "
+                         f"as one: keep them apart (or merge them once every member has stepped)") from error
 
 
 def _merge_value(name: str, values: list, counts: Sequence[int]):

@@ -14,7 +14,7 @@ from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
 from schedulers.placement.cluster import GpuType
 from schedulers.placement.policies import ElasticEarliestFinish, HeterogeneityAware, PendingTrial
-from tests.prediction.workload import mlp_without_input_bias
+from tests.prediction.workload import grouped_sgd, mlp_without_input_bias
 from tests.test_data_sources import splits
 from tests.tune.workload import small_digits, spec
 
@@ -127,6 +127,28 @@ def test_placement_by_predicted_finish_merge_and_release(fake_gpu_cluster):
     ray.kill(t.actor)
     wait_until_free(ray, {"fast": 1.0, "slow": 1.0})
     assert placement.busy() == {} and placement.running == []
+
+
+def test_trials_whose_states_do_not_merge_keep_running(fake_gpu_cluster):
+    """A merge that merge_states refuses (here: the trials' optimizers group parameters differently) ends no trial:
+    each trains on with its survivors, on its GPU."""
+    from hydro.tune.placement.elastic import ElasticPlacement
+
+    ray = fake_gpu_cluster
+    placement = ElasticPlacement(spec(optimizer=grouped_sgd), TYPES, lambda plan: 1.0, HeterogeneityAware())
+    plans = [TrialPlan(TrialKind.SURROGATE, [(f"{name}{i}", {"lr": 0.1, "groups": groups}) for i in (1, 2)])
+             for name, groups in (("g", True), ("w", False))]
+    (a, b), waiting = placement.launch(plans)
+    assert not waiting
+    ray.get([a.actor.run_epoch.remote(), b.actor.run_epoch.remote()])
+    with pytest.raises(ValueError, match="merge_states: the trials' optimizers differ in their parameter groups"):
+        placement.merge([a, b], {0: ["g2"], 1: ["w1", "w2"]})
+    assert placement.running == [a, b] and free(ray) == {"fast": 0.0, "slow": 0.0}
+    assert ray.get([a.actor.member_ids.remote(), b.actor.member_ids.remote()]) == [["g2"], ["w1", "w2"]]
+    second = ray.get([a.actor.run_epoch.remote(), b.actor.run_epoch.remote()])
+    assert [len(metrics["val_loss"]) for metrics in second] == [1, 2]
+    placement.end([a, b])
+    assert free(ray) == {"fast": 1.0, "slow": 1.0}
 
 
 def test_earliest_finish_needs_the_steps_of_an_epoch(fake_gpu_cluster):

@@ -18,6 +18,7 @@ from schedulers.placement.cluster import GpuType
 from schedulers.placement.predicted_finish import PredictedFinish
 from schedulers.search_driver import SearchDriver
 from schedulers.transfer import TransferPolicy
+from tests.prediction.workload import grouped_sgd
 from tests.tune.workload import small_digits, spec
 
 CONFIGS = {"m0": {"lr": 0.1, "momentum": 0.9}, "m1": {"lr": 0.05, "momentum": 0.0},
@@ -155,3 +156,29 @@ def test_a_trial_hands_over_its_exact_state_when_due_and_one_whose_state_does_no
     for index, state in merged["members"][0]["optimizers"][0]["state"].items():
         for key, value in state.items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(expected["optimizers"][0]["state"][index][key]))
+
+
+def test_a_trial_whose_state_does_not_merge_with_those_handed_over_leaves_the_merge(planned, monkeypatch):
+    """The box takes a state only if it merges with those handed over before (here: the trials' optimizers group
+    parameters differently); a trial it refuses trains on alone, and the merged trial starts from the others."""
+    import hydro.tune.placement.trial_merging as trial_merging
+
+    ray, driver, merging, record = planned
+    configs = {t: merging.trial_config(config_of(t)) for t in TRIALS}
+    workload = spec(optimizer=grouped_sgd)
+    trials = {}
+    for trial_id, groups in (("a", True), ("b", False)):
+        plan = TrialPlan(TrialKind.SURROGATE, [(m, {**CONFIGS[m], "groups": groups}) for m in TRIALS[trial_id]])
+        trials[trial_id] = fused = FusedTrial(workload, plan, small_digits())
+        fused.run_epoch()
+        fused.keep([fused.member_ids.index(m) for m in TRIALS[trial_id][1:]])  # m0 and m2 stopped at epoch 1
+        fused.run_epoch()
+    for trial_id, handed in (("a", True), ("b", False)):
+        monkeypatch.setattr(trial_merging.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: trial_id))
+        assert trial_merging.hand_over_if_due(configs[trial_id], trials[trial_id]) is handed
+    assert ray.get(merging.box().status.remote(record.id)) == (["a"], ["b"])
+    for trial_id in TRIALS:
+        merging.on_complete(trial_id, configs[trial_id], driver)
+    assert record.left == ["b"] and driver.state.ledger.trials["b"] == TRIALS["b"]  # b's members stay in b
+    merged = merged_state(merging.next_config("c", driver))
+    assert merged["member_ids"] == ["m1"] and merged["epoch"] == 2

@@ -187,14 +187,19 @@ class ElasticPlacement:
         """Continue the ``survivors`` (trial index -> member ids) of ``trials`` (all at one epoch boundary) as one
         trial placed by the policy; every trial in ``trials`` is ended and its GPU returned to Ray first.
         Returns the merged trial, running, or waiting (when the policy waits for a busy GPU: launch it later);
-        ``None`` when no member survives."""
+        ``None`` when no member survives.
+
+        Raises:
+            ValueError: :func:`~hydro.trial.merge.merge_states` refuses their states; every trial in ``trials`` then
+                runs on with its survivors.
+        """
         keep = {i: list(ids) for i, ids in survivors.items() if ids}
         ray.get([trials[i].actor.keep.remote(ids) for i, ids in keep.items()])
         states = ray.get([trials[i].actor.state_dict.remote() for i in sorted(keep)])
+        merged = merge_states(states) if states else None  # a refusal leaves every trial running
         self.end(trials, release_timeout_s)
-        if not states:
+        if merged is None:
             return None
-        merged = merge_states(states)
         kept = set(merged["member_ids"])
         members = [(m, c) for t in trials for m, c in t.plan.members if m in kept]
         plan = TrialPlan(TrialKind.SURROGATE, members, scale=trials[0].plan.scale, mup=trials[0].plan.mup)

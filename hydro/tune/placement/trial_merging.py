@@ -64,9 +64,19 @@ class HandoverBox:
             return False
         return True
 
-    def hand_over(self, trial: str, state: bytes) -> None:
-        merge = self.of_trial.pop(trial)
+    def hand_over(self, trial: str, state: bytes) -> str | None:
+        """Keep ``trial``'s ``state`` for its merge; returns ``None``, or why it cannot continue as one with the
+        states handed over before (:func:`~hydro.trial.merge.merge_states` refuses them): then ``trial`` leaves
+        the merge instead."""
+        merge = self.of_trial[trial]
+        try:
+            merge_states([_loaded(s) for s in (*self.states[merge].values(), state)])
+        except ValueError as error:
+            self.leave(trial)
+            return str(error)
+        del self.of_trial[trial]
         self.states[merge][trial] = state
+        return None
 
     def leave(self, trial: str) -> None:
         """``trial`` will not hand over (a no-op once it has)."""
@@ -244,8 +254,9 @@ class TrialMerging:
 def hand_over_if_due(config: Mapping, trial: FusedTrial, refused: str | None = None) -> bool:
     """In a search trial of a run that merges (``config`` holds :data:`HANDOVER_KEY`): whether its merge is due at
     the trial's epoch boundary; if so its state is handed over (the trial then ends). A trial whose state cannot
-    merge (:func:`~hydro.trial.merge.merge_states` refuses it: unfused members, fp16 loss scales; or ``refused``:
-    why the caller's own state does not merge) leaves its merge and trains on."""
+    merge (:func:`~hydro.trial.merge.merge_states` refuses it, alone or with the states handed over before it:
+    unfused members, fp16 loss scales, optimizers that differ; or ``refused``: why the caller's own state does not
+    merge) leaves its merge and trains on."""
     name = config.get(HANDOVER_KEY)
     if name is None:
         return False
@@ -256,21 +267,18 @@ def hand_over_if_due(config: Mapping, trial: FusedTrial, refused: str | None = N
     trial_id = tune.get_context().get_trial_id()
     if not ray.get(box.due.remote(trial_id, trial.epoch)):
         return False
-    state = trial.state_dict()
     if refused is None:
-        try:
-            merge_states([state])
-        except ValueError as error:
-            refused = str(error)
-    if refused is not None:
-        logger.warning("trial %s does not hand over its members (it trains on alone): %s", trial_id, refused)
+        buffer = io.BytesIO()
+        torch.save(trial.state_dict(), buffer)
+        refused = ray.get(box.hand_over.remote(trial_id, buffer.getvalue()))  # when refused, it left the merge
+        if refused is None:
+            logger.info("trial %s handed over members %s at epoch %d", trial_id, ", ".join(trial.member_ids),
+                        trial.epoch)
+            return True
+    else:
         ray.get(box.leave.remote(trial_id))
-        return False
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    ray.get(box.hand_over.remote(trial_id, buffer.getvalue()))
-    logger.info("trial %s handed over members %s at epoch %d", trial_id, ", ".join(trial.member_ids), trial.epoch)
-    return True
+    logger.warning("trial %s does not hand over its members (it trains on alone): %s", trial_id, refused)
+    return False
 
 
 def merged_state(config: Mapping) -> dict | None:
@@ -280,4 +288,9 @@ def merged_state(config: Mapping) -> dict | None:
         return None
     name, merge = config[MERGED_KEY]
     states = ray.get(ray.get_actor(name).handed_over.remote(merge))
-    return merge_states([torch.load(io.BytesIO(s), map_location="cpu", weights_only=False) for s in states])
+    return merge_states([_loaded(s) for s in states])
+
+
+def _loaded(state: bytes) -> dict:
+    """A handed-over ``FusedTrial`` state, on the CPU."""
+    return torch.load(io.BytesIO(state), map_location="cpu", weights_only=False)
