@@ -142,7 +142,7 @@ class Bubbles:
 
     def __init__(self, gate: BubbleGate, length_s: float = 0.004, predicted_s: float = 0.05) -> None:
         self.gate, self.stop = gate, threading.Event()
-        self.count = 0
+        self.count, self.paused = 0, False
         self.lock = threading.Lock()  # held while a bubble is open, and while paused
         self.thread = threading.Thread(target=self._run, args=(length_s, predicted_s), daemon=True)
         self.thread.start()
@@ -158,16 +158,15 @@ class Bubbles:
 
     def pause(self) -> None:
         self.lock.acquire()
+        self.paused = True
 
     def resume(self) -> None:
+        self.paused = False
         self.lock.release()
 
     def end(self) -> None:
-        if self.lock.locked() and self.thread.is_alive():  # paused by a test that failed before resuming
-            try:
-                self.lock.release()
-            except RuntimeError:  # released meanwhile
-                pass
+        if self.paused:  # by a test that failed before resuming (the lock may be the open bubble's otherwise)
+            self.resume()
         self.stop.set()
         _joined(self.thread)
 
