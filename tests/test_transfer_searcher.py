@@ -515,21 +515,27 @@ def test_the_target_starts_beside_the_last_rungs_straggler_with_the_same_returne
         ray_cluster, tmp_path, monkeypatch):
     import schedulers.search_driver as driver_module
     from hydro.tune import accuracy
-    from hydro.tune.run import fit
-    from tests.tune.workload import Sleeping
+    from hydro.tune.run import fit, prepare
+    from tests.tune.workload import Sleeping, StartTogether
 
-    # evaluation takes 4 s per member: the last rung's 3 configurations at S=2 in trials of 2 and 1 end 4 s apart, the
-    # one of 1 first; with top_k=3 all 3 train at full size, so its configuration starts its target beside the other
+    # evaluation takes 2 s per member: the last rung's 3 configurations at S=2 in trials of 2 and 1 end 2 s apart, the
+    # one of 1 first (its target starts on its warm worker at once); with top_k=3 all 3 train at full size, so its
+    # configuration starts its target beside the other. The search's 2 trials start training together (their workers
+    # may start seconds apart), so the rung's 2 trials start together on the freed workers.
     monkeypatch.setattr(driver_module, "TRIAL_OVERHEAD_S", 0.0)
-    workload = spec(epochs=1, model=lambda config: MLP((64, 64, 64, 10)), metrics={"val_acc": accuracy,
-                                                                                  "slow": Sleeping(4.0)})
+    model = lambda config: MLP((64, 64, 64, 10))  # noqa: E731
+    # the workload checked once, without the sleeping metric (fit's own check would sleep through 3 evaluations a run)
+    data = prepare(spec(epochs=1, model=model), SPACE, scale=4)
     runs = {}
     for early in (True, False):
         if not early:
             monkeypatch.setattr(driver_module, "early_targets", lambda *args: [])
+        (tmp_path / f"started_{early}").mkdir()
+        workload = spec(epochs=1, model=model, loss=StartTogether(str(tmp_path / f"started_{early}")),
+                        metrics={"val_acc": accuracy, "slow": Sleeping(2.0)})
         results, searcher = fit(workload, SPACE, num_samples=6, fusion=6, scale=4, seed=0, ladder=True, eta=2,
                                 top_k=3, fallback_targets=0, escalate=False, probes=0, storage_path=str(tmp_path),
-                                name=f"early_{early}", verbose=0)
+                                name=f"early_{early}", verbose=0, data=data)
         assert not results.errors
         trials = [(plan_of(r.config), r.metrics) for r in results]
         rung = sorted(((len(plan.members), m) for plan, m in trials if plan.scale == 2), key=lambda t: t[0])

@@ -43,16 +43,26 @@ PLAIN_DRIVER = textwrap.dedent('''
 
 def _driver(code: str, temp: str) -> tuple[subprocess.Popen, str]:
     """A driver process running ``code`` with Ray's temp folder in ``temp``, and its session folder."""
+    driver = _start(code, temp)
+    return driver, _session(driver)
+
+
+def _start(code: str, temp: str) -> subprocess.Popen:
+    """A driver process running ``code`` with Ray's temp folder in ``temp`` (see :func:`_session`)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO), "HOME": str(Path.home()),
            "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": temp}
-    driver = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def _session(driver: subprocess.Popen) -> str:
+    """The session folder of a driver of :func:`_start`, once its cluster runs."""
     ready, _, _ = select.select([driver.stdout], [], [], 120)
     line = driver.stdout.readline().strip() if ready else ""
     if not line:
         driver.kill()
         pytest.fail("the driver did not start its cluster within 120 s")
-    return driver, line
+    return line
 
 
 def _alive(pids: dict[int, int | None]) -> set[int]:
@@ -122,15 +132,17 @@ def test_killed_drivers_sessions_are_cleaned_and_others_left_alone():
     temp = tempfile.mkdtemp(prefix="hyrs", dir="/tmp")  # short: Ray's socket paths live under it
     drivers: list[subprocess.Popen] = []
     try:
-        plain, plain_dir = _driver(PLAIN_DRIVER, temp)
-        drivers.append(plain)
+        # The unmarked session and the first Hydro driver's start together (a start is seconds of waiting on the
+        # cluster's processes); the second Hydro start below sweeps the folder with both in it.
+        plain, first = _start(PLAIN_DRIVER, temp), _start(HYDRO_DRIVER, temp)
+        drivers += [plain, first]
+        plain_dir = _session(plain)
         plain_pids = _processes(plain_dir)
         assert "ray::DashboardAgent" in _titles(plain_pids), plain_pids  # its agents, raylet, GCS... are found
         plain_core = {pid: start for pid, start in plain_pids.items() if "ray::IDLE" not in _titles([pid])}
 
         # 1. A driver and its watchdog SIGKILLed together: the next Hydro start cleans the session.
-        first, first_dir = _driver(HYDRO_DRIVER, temp)
-        drivers.append(first)
+        first_dir = _session(first)
         first_pids = _processes(first_dir)
         watchdogs = [pid for pid in first_pids if any(a.endswith(os.path.join("tune", "cluster", "sessions.py")) for a in _cmdline(pid))]
         assert len(watchdogs) == 1, first_pids
