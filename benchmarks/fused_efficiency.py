@@ -167,7 +167,8 @@ def step_counts(trial: FusedTrial) -> tuple[int, int]:
 
 
 def top_operators(trial: FusedTrial, count: int) -> list[dict]:
-    """The ``count`` operators with the most self CPU time over ``_STEPS`` steps (per step), by input shapes."""
+    """The ``count`` operators with the most self time over ``_STEPS`` steps (per step), by input shapes (the
+    profiler times operators by the wall clock: on a loaded machine, read the shares)."""
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         step_time(trial)
     events = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: e.self_cpu_time_total,
@@ -198,7 +199,7 @@ def measure(threads: int, size: int, build: Callable[[], Trials], rounds: int, t
                 if f != ALONE:
                     times[f].append(step_time(trial))
                     evals[f].append(eval_time(trial))
-        profiles = {f: top_operators(t, top) for f, t in trials.fused.items()} if top else {}
+        profiles = {f: top_operators(t, top) for f, t in every.items() if f != ALONE} if top else {}
     rows = []
     for f in [ALONE, *trials.fused, *([FULL] if trials.full else [])]:
         if f == ALONE:  # one member alone: the mean over the configurations
@@ -252,8 +253,8 @@ def print_table(rows: list[dict], args: argparse.Namespace, load: list[float]) -
     print(f"\ndata: {rows[0]['data_ms_per_batch']:.3f} CPU ms per training batch read (shared by every member)")
     for row in rows:
         if row["top_operators"]:
-            print(f"\nfused step, threads {row['threads']}, {size} {row['size']}, F {row['fusion']}: top operators "
-                  f"(self CPU ms per step, share)")
+            print(f"\n{'full-size' if row['fusion'] == 'full' else 'fused'} step, threads {row['threads']}, {size} "
+                  f"{row['size']}, F {row['fusion']}: top operators (self ms per step, share)")
             for op in row["top_operators"]:
                 print(f"  {op['self_ms_per_step']:7.2f} {op['share']:5.1%} {op['calls_per_step']:5.1f}x "
                       f"{op['op']} {op['shapes']}")

@@ -10,10 +10,11 @@ from hydro.trial.plan import TrialKind, TrialPlan
 from tests.conftest import REPO
 from tests.tune.workload import spec
 
-# A fused step of 12 small CNNs (the digits CNN's surrogates at scale 8: 32 and 64 channels): page faults per
-# step with glibc's default thresholds, then after keep_freed_memory() in the same process.
+# A fused step of 12 small CNNs (the digits CNN's surrogates at scale 8: 32 and 64 channels): the median page
+# faults of a step with glibc's default thresholds, then after keep_freed_memory() in the same process (a step
+# still faults in now and then while the heap grows to fit a step).
 _FUSED_STEPS = textwrap.dedent("""
-    import resource, sys, torch
+    import resource, statistics, torch
     import hydro
     from hydro.examples.models import CNN
     from hydro.trial.host_memory import keep_freed_memory
@@ -21,19 +22,19 @@ _FUSED_STEPS = textwrap.dedent("""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = hydro.fuse([CNN(channels=(32, 64)) for _ in range(12)])
-    x, y = torch.rand(64, 1, 8, 8), torch.randint(10, (64,))
+    x = torch.rand(64, 1, 8, 8)
 
-    def faults_per_step(steps=4):
-        for _ in range(2):  # warm-up
-            model(x).logsumexp(-1).sum().backward()
+    def faults():
         start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for _ in range(steps):
-            model(x).logsumexp(-1).sum().backward()
-        return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start) / steps
+        model(x).logsumexp(-1).sum().backward()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
 
-    before = faults_per_step()
+    def median_faults(steps=12):
+        return statistics.median([faults() for _ in range(2 + steps)][2:])  # after 2 warm-up steps
+
+    before = median_faults()
     kept = keep_freed_memory()
-    print(before, faults_per_step(), kept)
+    print(before, median_faults(), kept)
 """)
 
 
@@ -44,8 +45,8 @@ def test_kept_memory_stops_the_page_faults_of_fused_steps():
     if not kept:  # not glibc: nothing changed, nothing to compare
         assert not keep_freed_memory()
         return
-    assert before > 300, f"expected a fused step to fault memory in with malloc's defaults, got {before} per step"
-    assert after < 30, f"a fused step still faults {after} pages per step in after keep_freed_memory()"
+    assert before > 1000, f"expected a fused step to fault memory in with malloc's defaults, got a median of {before}"
+    assert after < before / 10, f"a fused step still faults a median of {after} pages in (before: {before})"
 
 
 def test_a_cpu_trial_keeps_freed_memory(monkeypatch):
