@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 
+import hydro.profiling as profiling
 import hydro.trial.unit as unit
 from hydro.trial.host_memory import keep_freed_memory
 from hydro.trial.plan import TrialKind, TrialPlan
@@ -56,3 +57,12 @@ def test_a_cpu_trial_keeps_freed_memory(monkeypatch):
     configs = [(f"m{i}", {"lr": 0.1, "momentum": 0.9}) for i in range(2)]
     unit.FusedTrial(workload, TrialPlan(TrialKind.SURROGATE, configs), workload.load_data(), device="cpu")
     assert calls == [True]
+
+
+def test_cpu_step_timings_keep_freed_memory_as_trials_do(monkeypatch):
+    """The fusion planner's and the profiler's CPU step timings run under the allocator settings trials train in."""
+    calls = []
+    monkeypatch.setattr(profiling, "keep_freed_memory", lambda: calls.append(True) or True)
+    steps = []
+    elapsed, _ = profiling.measure_training_step(lambda: steps.append(1), None, "cpu", steps=2)
+    assert calls == [True] and len(steps) == 3 and elapsed >= 0
