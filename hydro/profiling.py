@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from hydro.binder import fuse
 from hydro.optim import SGD
+from hydro.trial.host_memory import keep_freed_memory
 from schedulers.prediction.step_time import OPTIMIZER, LayerFeatures, LayerTiming, StepTimeModel
 
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
@@ -233,9 +234,12 @@ def measure_training_step(step: Callable[[], None], resident: Callable[[], list[
 
     CUDA: the allocator's peak. CPU: the distinct storages of ``resident()`` plus the peak of the tensors
     autograd holds for backward at any one time (a lower bound of the process's peak; one more step), or 0 when
-    ``resident`` is ``None``. ``clock``: as in :func:`time_layer`.
+    ``resident`` is ``None``; steps are timed with the host memory kept as a CPU trial keeps it
+    (:func:`hydro.trial.host_memory.keep_freed_memory`). ``clock``: as in :func:`time_layer`.
     """
     device = torch.device(device)
+    if device.type == "cpu":
+        keep_freed_memory()
     step()  # warm-up: allocates gradients and optimizer state
     if device.type == "cuda":
         torch.cuda.synchronize(device)

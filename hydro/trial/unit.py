@@ -27,6 +27,7 @@ from hydro.loss import LossError, loss_on, trial_losses
 from hydro.trial.backend import batch_in, check_cuda_graphs, set_backend_flags, to_memory_format
 from hydro.trial.data import Batch, DataSource, as_source, batch_order, eval_batch_size, on_device
 from hydro.trial.device import resolve_device
+from hydro.trial.host_memory import keep_freed_memory
 from hydro.trial.members import Members, build_members
 from hydro.trial.memory import MemoryBudget, is_out_of_memory
 from hydro.trial.plan import TrialPlan
@@ -90,6 +91,8 @@ class FusedTrial:
         ids = list(member_ids) if member_ids is not None else list(configs)
         self.spec, self.plan = spec, plan
         self.device = resolve_device(spec.device) if device is None else torch.device(device)
+        if self.device.type == "cpu":  # fused activations: large blocks that malloc would hand back every step
+            keep_freed_memory()
         start = time.perf_counter()
         self.data: tuple[DataSource, DataSource] = tuple(on_device(
             [as_source(split, name, spec.data_workers) for split, name in zip(data, ("train", "val"))], self.device,
