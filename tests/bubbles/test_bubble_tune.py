@@ -258,9 +258,11 @@ def test_a_fill_that_raises_fails_its_members_once_and_a_killed_fill_is_retried(
 
 
 def test_a_fill_longer_than_every_bubble_moves_to_a_dedicated_worker_and_ends_exactly(service, tmp_path):
-    """Its loss burns 0.2 s of CPU per call, 100 times longer than every bubble: instead of failing, the fill goes
-    on from its last state on a dedicated worker before its first epoch ends (promotion would come after the
-    second)."""
+    """Its loss burns 0.2 s of CPU per call, 100 times longer than every bubble of an idle machine: instead of
+    failing, the fill goes on from its last state on a dedicated worker before its second epoch ends (promotion
+    would come after the second). Usually that is before its first epoch ends; but the job's bubbles lengthen with
+    the machine's load (its stages wait longer for the CPU), and once they exceed half the unit the gate lets it
+    overrun them (``OVERRUN_FACTOR``), so under heavy load the first epoch may end in the bubbles."""
     job = RunningJob(service, "slowpoke")
     try:
         results, _ = fit(spec(epochs=EPOCHS, fault="slow", at=1), SPACE, num_samples=2, fusion=2,
@@ -269,9 +271,12 @@ def test_a_fill_longer_than_every_bubble_moves_to_a_dedicated_worker_and_ends_ex
     finally:
         job.end()
     (result,) = results
-    # Placed in the job's bubbles first (as in the tests above), it reported every epoch from the dedicated worker
-    # (epoch 1 replayed there from the start), exactly as trained alone, with no Tune retry.
-    assert all(slot.startswith("dedicated/") for slot in _check_exact(result))
+    # Placed in the job's bubbles first (as in the tests above), it reported every epoch after the first from the
+    # dedicated worker (usually the first too, replayed there from the start), exactly as trained alone, with no
+    # Tune retry.
+    _check_exact(result)
+    reported_from = [slots.split(",") for slots in result.metrics_dataframe["slots"]]
+    assert all(slot.startswith("dedicated/") for slots in reported_from[1:] for slot in slots), reported_from
 
 
 def test_cli_bubbles_is_refused_without_a_cluster_whose_jobs_registered_bubbles(monkeypatch, capsys):
