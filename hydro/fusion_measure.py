@@ -21,7 +21,8 @@ from hydro.binder import fuse
 from hydro.checks import check, is_count
 from hydro.loss import trial_losses
 from hydro.optim import SGD
-from hydro.profiling import free_memory_bytes, measure_training_step, torch_threads, training_tensors
+from hydro.profiling import (free_memory_bytes, measure_training_step, throughput_clock, torch_threads,
+                             training_tensors)
 
 
 @dataclass
@@ -54,6 +55,8 @@ def plan_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, Ten
     90% of free CUDA memory, or half of the available RAM on CPU. ``threads``: torch CPU threads to measure
     with, as many as the training will have (default: this process's setting). ``candidates``: the counts to
     measure (e.g. the two or three a step-time model predicts best), instead of the ladder 1, 2, 4, ...
+    Steps are timed by :func:`~hydro.profiling.throughput_clock`: with one CPU thread by this process's CPU time,
+    so that a load spike during one count's steps does not make it look slower than the others.
     """
     _check_arguments(model_factory, batch, max_members, memory_budget_bytes, steps, tolerance, threads, candidates)
     with torch_threads(threads):
@@ -86,13 +89,14 @@ def _plan(model_factory, batch, loss_fn, max_members, memory_budget_bytes, devic
     budget = memory_budget_bytes if memory_budget_bytes is not None else _default_budget(device)
     candidates = sorted(set(candidates)) if candidates is not None else sorted(
         {*(2 ** k for k in range(max_members.bit_length()) if 2 ** k <= max_members), max_members})
+    clock = throughput_clock(device)
     measurements: list[FusionMeasurement] = []
     reason = f"measured up to F={candidates[-1]} (max_members)"
     for count in candidates:
         if len(measurements) >= 2 and _predicted_bytes(measurements, count) > budget:
             reason = f"F={count} is predicted to need more than the {budget / 2**20:.0f} MiB budget"
             break
-        m = measure_fusion(model_factory, batch, loss_fn, count, device, steps)
+        m = measure_fusion(model_factory, batch, loss_fn, count, device, steps, clock=clock)
         if m.peak_bytes > budget:
             reason = f"F={count} needed {m.peak_bytes / 2**20:.0f} MiB > budget {budget / 2**20:.0f} MiB"
             break

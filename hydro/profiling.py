@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import resource
 import statistics
 import time
 import weakref
@@ -203,6 +204,21 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def user_cpu_s() -> float:
+    """This process's user CPU time in seconds, all its threads: a step's work, whatever else the machine runs (and
+    without the kernel's time, e.g. a fresh process's page faults)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
+
+
+def throughput_clock(device: torch.device | str) -> Callable[[], float]:
+    """The clock to compare training steps' throughput on ``device`` by: :func:`user_cpu_s` on a CPU that trains
+    with one torch thread (there the step's work is its time on an idle core, so other processes' load does not
+    bias a comparison), else the wall clock (a GPU, or several CPU threads, whose idle waits are part of a step)."""
+    if torch.device(device).type == "cpu" and torch.get_num_threads() == 1:
+        return user_cpu_s
+    return time.perf_counter
 
 
 def free_memory_bytes(device: torch.device | str = "cpu") -> int:

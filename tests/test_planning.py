@@ -1,11 +1,15 @@
 """plan_fusion measures real training and respects the memory budget."""
+import time
+
 import pytest
 import torch
 from torch import nn
 
 from hydro.examples.data import digits
 from hydro.examples.models import MLP
+from hydro import profiling
 from hydro.fusion_measure import plan_fusion
+from hydro.profiling import throughput_clock, torch_threads
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +43,23 @@ def test_plan_measures_with_the_trials_threads_and_restores_the_setting(batch):
         assert set(seen) == {1} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_one_thread_is_timed_by_the_process_cpu_time_and_several_by_the_wall_clock(batch, monkeypatch):
+    """With one torch thread a step's CPU time is its time on an idle core, so a load spike while one count is
+    timed cannot make it look slower; several threads idle within a step, so the wall clock times them."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(profiling, "user_cpu_s", lambda: 0.5 * next(ticks))  # a CPU clock far slower than a step
+    with torch_threads(1):
+        assert throughput_clock("cpu") is profiling.user_cpu_s
+        assert throughput_clock("cuda") is time.perf_counter
+        plan = plan_fusion(MLP, batch, nn.CrossEntropyLoss(), max_members=4, steps=1)
+    times = {m.step_time_s for m in plan.measurements}
+    assert len(times) == 1 and min(times) >= 0.5  # every count timed in ticks of the (fake) CPU clock
+    with torch_threads(2):
+        assert throughput_clock("cpu") is time.perf_counter
+        plan = plan_fusion(MLP, batch, nn.CrossEntropyLoss(), max_members=4, steps=1)
+    assert all(m.step_time_s < 0.5 for m in plan.measurements)  # real steps, timed by the wall clock
 
 
 def test_memory_budget_limits_the_fusion_count(batch):

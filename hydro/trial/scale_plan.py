@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import copy
 import logging
-import resource
 import time
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from hydro.fusion_measure import measure_fusion
-from hydro.profiling import torch_threads
+from hydro.profiling import torch_threads, user_cpu_s
 from hydro.shrink.errors import ShrinkError
 from hydro.trial.data import DataSource
 from hydro.trial.plan import TrialKind, TrialPlan
@@ -39,7 +38,7 @@ def measured_scale(spec: TuneSpec, config: Mapping, data: tuple[DataSource, Data
     Steps are timed by the process's user CPU time on a CPU (neither other processes' load nor a fresh process's
     page faults count), by the wall clock on a GPU."""
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    clock = _user_cpu_s if device.type == "cpu" else time.perf_counter
+    clock = user_cpu_s if device.type == "cpu" else time.perf_counter
     x, y = data[0].sample(spec.batch_size_of(config))
     count = max(1, min(members, MEASURED_MEMBERS))
     templates: dict[int, torch.nn.Module] = {}  # one shrink per scale, timed in every round
@@ -97,7 +96,3 @@ def piloted_scale(spec: TuneSpec, choice: ScaleChoice, configs: Sequence[Mapping
     logger.info("scale='auto': S=%d for the search: %s", decided.scale, decided.reason)
     return decided
 
-
-def _user_cpu_s() -> float:
-    """This process's user CPU time in seconds, all its threads."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
