@@ -19,7 +19,10 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     rung trial does (``Trainer.halved``);
   * the policy's defaults themselves ("+halving-auto", ``halving="auto"``): the search also records each member's
     validation metric at the rungs' milestone epochs, and the rungs halve where the search driver's rule
-    (``schedulers.halving_choice.auto_halving``) says so on those curves; the decision and why are in the JSON.
+    (``schedulers.halving_choice.auto_halving``) says so on those curves; the decision and why are in the JSON;
+  * the same with the user's early stopping in the search ("+asha"): the search's members stopped by ASHA (grace
+    period 1, reduction factor 2, as stock + ASHA; ``HydroSearcher(scheduler=ASHAScheduler(...))``), the stages
+    after it reading their scores as the search driver does (a stopped member ranks by the epoch it reached).
 Each variant's planned cost of the stages after the search (``plan_cost``) and what it trained, the search
 included (``trained_cost``), in full-size trainings, are in the JSON.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
@@ -71,7 +74,7 @@ from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import char_lm, digits_cnn, digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from schedulers.halving_choice import auto_halving, reads_curves
-from schedulers.member_stopping import ASHA, score
+from schedulers.member_stopping import ASHA, MemberStopping, score
 from schedulers.rung_halving import RungHalving, milestones
 from schedulers.scale_choice import PILOT_CONFIGS
 from schedulers.transfer import AUTO, Disagreement, RungKind, Score, TransferPolicy, scores_of, spearman
@@ -204,6 +207,33 @@ class Trainer:
                 curves[c][epoch] = s.mean
         return scores_of((config_of[m], v) for m, v in values.items()), curves
 
+    def stopped(self, configs: dict[str, dict], scale: int,
+                stopping: MemberStopping) -> tuple[dict[str, Score], dict[str, dict[int, float]], int]:
+        """The configurations in one fused trial of µP surrogates at ``scale`` (one seed), evaluated after every
+        epoch, each member stopped when ``stopping`` says so (as a search trial asks the run's per-member stopping
+        service, member by member, and drops the stopped ones: ``FusedTrial.keep``). Returns their scores, each
+        measured after the epoch it stopped at (``Score.reached``), each one's curve (epoch -> its metric after it,
+        below the last epoch) and the member-epochs trained."""
+        spec, start = self.spec, time.process_time()
+        trial = FusedTrial(spec, TrialPlan(TrialKind.SURROGATE, list(configs.items()), scale, mup=True), self.data)
+        values, reached, member_epochs = {}, {}, 0
+        curves: dict[str, dict[int, float]] = {c: {} for c in configs}
+        for epoch in range(1, spec.epochs + 1):
+            member_epochs += len(trial.member_ids)
+            trial.train_epoch()
+            now = dict(zip(trial.member_ids, trial.evaluate()[spec.metric].tolist()))
+            values.update(now)
+            reached.update(dict.fromkeys(now, epoch))
+            final = epoch == spec.epochs
+            if not final:
+                for m, v in now.items():
+                    curves[m][epoch] = v
+            stop = {m for m, v in now.items() if stopping.decide(m, epoch, v, final=final)}
+            if stop and not final:
+                trial.keep([i for i, m in enumerate(trial.member_ids) if m not in stop])
+        self.seconds += time.process_time() - start
+        return scores_of(values.items(), reached), curves, member_epochs
+
     def halved(self, configs: dict[str, dict], scale: int, halving: RungHalving) -> tuple[dict[str, Score], int]:
         """The configurations in one fused trial of µP surrogates at ``scale`` (one seed) that stops members at
         ``halving``'s milestones as a rung trial does (``MemberSession.step``, ``FusedTrial.keep``); their scores,
@@ -262,21 +292,32 @@ def stock_asha(trainer: Trainer, configs: dict[str, dict]) -> dict:
 
 
 def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy,
-              targets: dict[str, tuple[float, float]]) -> dict:
+              targets: dict[str, tuple[float, float]], search_asha: bool = False) -> dict:
     """Hydro's search at ``policy.scale`` and the stages the policy decides; ``targets`` caches full-size
     trainings (config id -> (value, seconds)), which are deterministic, across runs. A policy whose ``halving`` is
     :data:`~schedulers.transfer.AUTO` is resolved as the search driver resolves it, from the search's curves
-    (:func:`~schedulers.halving_choice.auto_halving`); the result's ``halving_choice`` records the decision."""
+    (:func:`~schedulers.halving_choice.auto_halving`); the result's ``halving_choice`` records the decision.
+    ``search_asha``: the search's members stopped by ASHA as stock + ASHA's trials are (``HydroSearcher(...,
+    scheduler=ASHAScheduler(...))``; one seed), the stages after it as the policy decides."""
     start, epochs = trainer.seconds, trainer.spec.epochs
     auto = policy.halving == AUTO
-    search, curves = trainer.surrogates(configs, policy.scale, policy.seeds,
-                                        milestones(epochs, policy.eta) if auto and reads_curves(policy) else ())
+    if search_asha:
+        if policy.seeds != 1:
+            raise ValueError("search_asha: a search stopped by ASHA trains one seed per configuration")
+        rule = ASHA(max_t=epochs, grace_period=1, reduction_factor=ASHA_REDUCTION_FACTOR)
+        search, curves, search_epochs = trainer.stopped(configs, policy.scale, MemberStopping(rule, policy.mode))
+        final = {c: s.mean for c, s in search.items() if s.reached == epochs}  # the members that trained every epoch
+    else:
+        search, curves = trainer.surrogates(configs, policy.scale, policy.seeds,
+                                            milestones(epochs, policy.eta) if auto and reads_curves(policy) else ())
+        search_epochs = len(configs) * policy.seeds * epochs
+        final = {c: s.mean for c, s in search.items()}
     stages = [search]
-    choice = auto_halving(policy, curves, {c: s.mean for c, s in search.items()}) if auto else None
+    choice = auto_halving(policy, curves, final) if auto else None
     if choice is not None:
         policy = dataclasses.replace(policy, halving=choice.halving)
     trained: list[str] = []  # at full size: the targets, then any fallback targets
-    member_epochs = len(configs) * policy.seeds * epochs / policy.scale ** 2  # full-size member-epochs, search's
+    member_epochs = search_epochs / policy.scale ** 2  # full-size member-epochs, the search's
     while (rung := policy.next_rung(stages)) is not None:
         if rung.scale > 1:
             rung_configs = {c: configs[c] for c in rung.configs}
@@ -324,7 +365,8 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
 # the best surrogate's alone; a variant that escalates does so on a confident disagreement unless it says "likely"
 # or "probe"; a target regresses when it does 1% worse than its surrogate unless the variant says otherwise; rungs
 # train whole unless it says "+halving" (every rung halves) or "+halving-auto" (TransferPolicy's default: chosen
-# from the search's curves)
+# from the search's curves); the search trains every member for every epoch unless it says "+asha" (its members
+# stopped by ASHA as stock + ASHA's trials are: SEARCH_ASHA_VARIANTS)
 PLAIN = {"ladder": False, "top_k": 1, "seeds": 1, "escalate": False, "disagreement": Disagreement.CONFIDENT,
          "fallback_targets": 0, "max_target_drop": 0.01, "halving": False}
 VARIANTS = {name: {**PLAIN, **options} for name, options in {
@@ -373,7 +415,14 @@ VARIANTS = {name: {**PLAIN, **options} for name, options in {
                                                           "halving": AUTO},  # TransferPolicy's defaults
     "auto+halving-auto": {"scale": AUTO, "ladder": True, "escalate": True, "fallback_targets": 2,
                           "disagreement": Disagreement.PROBE, "halving": AUTO},  # HydroSearcher(scale="auto")'s
+    "S=8 ladder+escalate-probe+fallback-2+halving-auto+asha": {
+        "scale": 8, "ladder": True, "escalate": True, "fallback_targets": 2, "disagreement": Disagreement.PROBE,
+        "halving": AUTO},
+    "auto+halving-auto+asha": {"scale": AUTO, "ladder": True, "escalate": True, "fallback_targets": 2,
+                               "disagreement": Disagreement.PROBE, "halving": AUTO},
 }.items()}
+SEARCH_ASHA_VARIANTS = frozenset({  # the search's members stopped by ASHA (HydroSearcher(scheduler=ASHAScheduler(...)))
+    "S=8 ladder+escalate-probe+fallback-2+halving-auto+asha", "auto+halving-auto+asha"})
 
 
 def shortfall(spec: TuneSpec, value: float, reference: float) -> float:
@@ -454,7 +503,7 @@ def measure(workload: Workload, samples: int, variants: list[str], quick: bool, 
             options = {**options, "scale": choice.scale}
         measuring = time.process_time() - start
         policy = TransferPolicy(1.0, samples, spec.metric, spec.mode, epochs=spec.epochs, **options)
-        run = hydro_run(trainer, configs, policy, targets)
+        run = hydro_run(trainer, configs, policy, targets, search_asha=name in SEARCH_ASHA_VARIANTS)
         run["seconds"] += measuring
         if choice is not None:
             run["scale_choice"] = {"scale": choice.scale, "step_s": choice.step_s, "reason": choice.reason,

@@ -12,7 +12,7 @@ from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import digits_mlp
 from hydro.tune.search.random_search import RandomSearch
-from schedulers.member_stopping import ASHA, score
+from schedulers.member_stopping import ASHA, MemberStopping, score
 from schedulers.rung_halving import RungHalving
 
 
@@ -92,3 +92,33 @@ def test_transfer_fidelity_halving_rung_stops_as_the_rule_stops_the_full_traject
     assert {c: s.mean for c, s in scores.items()} == pytest.approx(
         {c: trajectories[e - 1][c] for c, e in reached.items()}, abs=1e-6)
     assert member_epochs == halving.member_epochs(6, spec.epochs) < 6 * spec.epochs
+
+
+def test_transfer_fidelity_search_stopped_by_asha_stops_as_the_rule_stops_the_full_trajectories():
+    """The benchmark's in-process search with the user's ASHA (``Trainer.stopped``) stops the members the rule stops
+    on their full fused trajectories, member by member in order, scores each after the epoch it stopped at, and
+    counts only the member-epochs it trained."""
+    spec, space = digits_mlp(epochs=4, hidden=64)
+    drawn = RandomSearch(space, seed=0)
+    configs = {f"c{i}": drawn.suggest(str(i)) for i in range(6)}
+    trainer = Trainer(spec, spec.load_data())
+    scores, curves, member_epochs = trainer.stopped(
+        configs, 2, MemberStopping(ASHA(max_t=spec.epochs, grace_period=1, reduction_factor=2), spec.mode))
+    trial = FusedTrial(spec, TrialPlan(TrialKind.SURROGATE, list(configs.items()), 2, mup=True), trainer.data)
+    trajectories = []
+    for _ in range(spec.epochs):
+        trial.train_epoch()
+        trajectories.append(dict(zip(trial.member_ids, trial.evaluate()[spec.metric].tolist())))
+    rule, reached = ASHA(max_t=spec.epochs, grace_period=1, reduction_factor=2), {}
+    for epoch, values in enumerate(trajectories, 1):  # the rule replayed on them, member by member
+        for m in configs:
+            if m not in reached and (epoch == spec.epochs or rule.on_result(m, epoch, score(values[m], spec.mode))):
+                reached[m] = epoch
+    assert {c: s.reached for c, s in scores.items()} == reached
+    assert min(reached.values()) < spec.epochs == max(reached.values())  # some stopped early, some went on
+    assert {c: s.mean for c, s in scores.items()} == pytest.approx(
+        {c: trajectories[e - 1][c] for c, e in reached.items()}, abs=1e-6)
+    for c, curve in curves.items():  # after every epoch it trained, but the last
+        assert curve == pytest.approx({e: trajectories[e - 1][c] for e in range(1, min(reached[c], spec.epochs - 1) + 1)},
+                                      abs=1e-6)
+    assert member_epochs == sum(reached.values())
