@@ -22,7 +22,7 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     (``schedulers.halving_choice.auto_halving``) says so on those curves; the decision and why are in the JSON;
   * the same with the user's early stopping in the search ("+asha"): the search's members stopped by ASHA (grace
     period 1, reduction factor 2, as stock + ASHA; ``HydroSearcher(scheduler=ASHAScheduler(...))``), the stages
-    after it reading their scores as the search driver does (a stopped member ranks by the epoch it reached).
+    after it ranking them as the search driver does (by their last value, whatever epoch a stopped one reached).
 Each variant's planned cost of the stages after the search (``plan_cost``) and what it trained, the search
 included (``trained_cost``), in full-size trainings, are in the JSON.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of
@@ -305,8 +305,10 @@ def hydro_run(trainer: Trainer, configs: dict[str, dict], policy: TransferPolicy
         if policy.seeds != 1:
             raise ValueError("search_asha: a search stopped by ASHA trains one seed per configuration")
         rule = ASHA(max_t=epochs, grace_period=1, reduction_factor=ASHA_REDUCTION_FACTOR)
-        search, curves, search_epochs = trainer.stopped(configs, policy.scale, MemberStopping(rule, policy.mode))
-        final = {c: s.mean for c, s in search.items() if s.reached == epochs}  # the members that trained every epoch
+        stopped, curves, search_epochs = trainer.stopped(configs, policy.scale, MemberStopping(rule, policy.mode))
+        final = {c: s.mean for c, s in stopped.items() if s.reached == epochs}  # the members that trained every epoch
+        search = scores_of((c, s.mean) for c, s in stopped.items())  # ranked by last value, whatever epoch, as the
+        # search driver ranks its search (docs/tuner-and-transfer.md#per-member-early-stopping)
     else:
         search, curves = trainer.surrogates(configs, policy.scale, policy.seeds,
                                             milestones(epochs, policy.eta) if auto and reads_curves(policy) else ())

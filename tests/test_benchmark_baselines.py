@@ -7,13 +7,14 @@ import math
 import pytest
 
 from benchmarks.e2e_tuning import CNN_CHANNELS, add_speedups, workload
-from benchmarks.transfer_fidelity import Trainer, stock_asha
+from benchmarks.transfer_fidelity import Trainer, hydro_run, stock_asha
 from hydro.trial.plan import TrialKind, TrialPlan
 from hydro.trial.unit import FusedTrial
 from hydro.tune.examples import digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from schedulers.member_stopping import ASHA, MemberStopping, score
 from schedulers.rung_halving import RungHalving
+from schedulers.transfer import TransferPolicy
 
 
 def test_e2e_speedups_are_against_stock_with_asha_and_without_early_stopping():
@@ -122,3 +123,10 @@ def test_transfer_fidelity_search_stopped_by_asha_stops_as_the_rule_stops_the_fu
         assert curve == pytest.approx({e: trajectories[e - 1][c] for e in range(1, min(reached[c], spec.epochs - 1) + 1)},
                                       abs=1e-6)
     assert member_epochs == sum(reached.values())
+    # hydro_run's search with ASHA ranks the configurations by their last value, whatever epoch a stopped one
+    # reached, as the search driver ranks its search: a stopped configuration can lead the search
+    policy = TransferPolicy(1.0, len(configs), spec.metric, spec.mode, scale=2, epochs=spec.epochs, ladder=False)
+    run = hydro_run(trainer, configs, policy, {}, search_asha=True)
+    assert run["search_scores"] == pytest.approx({c: s.mean for c, s in scores.items()}, abs=1e-6)
+    assert run["trail"][0][1]["reached"] == 0
+    assert run["returned"] == max(run["search_scores"], key=run["search_scores"].get)
