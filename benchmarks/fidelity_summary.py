@@ -4,8 +4,9 @@ Per workload and variant: on how many runs the returned configuration is within 
 stock's best in expectation (both configurations trained as Hydro's full-size target over the same seeds) and
 as the benchmark's literal comparison (the target's one training against the best of stock's runs), the median
 of each (a mean is one outlier's: stock's best run can be a configuration that collapses on other seeds), the
-speed-ups (CPU time), how many runs escalated or trained fallback targets, and, where the JSON has them, each
-surrogate scale's mean Spearman against stock's full-size ranking of all configurations. Then one row per run
+speed-ups (CPU time; against stock without early stopping, and against stock + ASHA where the JSON has it), how
+many runs escalated or trained fallback targets, and, where the JSON has them, each surrogate scale's mean
+Spearman against stock's full-size ranking of all configurations. Then one row per run
 (``--rows``): literal / expected ± its standard error (speed-up), E escalated, F fallback targets.
 Prints markdown; writes the summary as JSON to ``--out``.
 
@@ -65,12 +66,18 @@ def summarize(runs: list[dict], variant: str) -> dict[str, dict]:
             "literal_within": sum(v <= GOAL for v in literal),
             "median_expected": statistics.median(expected), "median_literal": statistics.median(literal),
             "speedup": [min(run["speedup"] for _, run in mine), max(run["speedup"] for _, run in mine)],
+            "speedup_vs_asha": _range([run["speedup_vs_asha"] for _, run in mine if "speedup_vs_asha" in run]),
             "escalated": sum(bool(run.get("escalation")) for _, run in mine),
             "fallback": sum(bool(run.get("fallback")) for _, run in mine),
             "spearman_by_scale": {s: _mean([r["stock"]["by_scale_vs_full"][s]["rho"] for r, _ in mine
                                             if s in r["stock"].get("by_scale_vs_full", {})])
                                   for s in sorted(scales, key=int, reverse=True)}}
     return summary
+
+
+def _range(values: list[float]) -> list[float] | None:
+    """``[lowest, median, highest]`` of ``values``; ``None`` if there is none (runs recorded before the figure)."""
+    return [min(values), statistics.median(values), max(values)] if values else None
 
 
 def _mean(values: list[float]) -> float:
@@ -87,7 +94,8 @@ def _points(value: float, loss: bool) -> str:
 
 def summary_table(summaries: dict[str, dict[str, dict]]) -> str:
     lines = ["| workload | variant | runs | expected within 1 | literal within 1 | median expected | median literal | "
-             "speed-up | escalated / fallback | Spearman vs full by scale |", "|---" * 10 + "|"]
+             "speed-up | vs stock + ASHA (median) | escalated / fallback | Spearman vs full by scale |",
+             "|---" * 11 + "|"]
     for variant, summary in summaries.items():
         for name, s in summary.items():
             loss = s["mode"] == "min"
@@ -96,9 +104,14 @@ def summary_table(summaries: dict[str, dict[str, dict]]) -> str:
             lines.append(f"| {name} | {variant} | {s['runs']} | {s['expected_within']}"
                          + (f" ({misses})" if misses else "") + f" | {s['literal_within']} | "
                          f"{_points(s['median_expected'], loss)} | {_points(s['median_literal'], loss)} | "
-                         f"{s['speedup'][0]:.1f}–{s['speedup'][1]:.1f}× | {s['escalated']} / {s['fallback']} | "
+                         f"{s['speedup'][0]:.1f}–{s['speedup'][1]:.1f}× | {_speedups(s['speedup_vs_asha'])} | "
+                         f"{s['escalated']} / {s['fallback']} | "
                          f"{scales} |")
     return "\n".join(lines)
+
+
+def _speedups(spread: list[float] | None) -> str:
+    return "—" if spread is None else f"{spread[0]:.2f}–{spread[2]:.2f}× ({spread[1]:.2f}×)"
 
 
 def rows_table(runs: list[dict], variants: list[str]) -> str:

@@ -51,6 +51,17 @@ def test_summary_counts_runs_within_the_goal_and_names_the_misses(tmp_path):
     rows = rows_table(runs, [DEFAULT_VARIANT, "S=4"]).splitlines()
     assert rows[2] == "| resmlp, 0 | 20 | +1.20 / 0.00 ± 0.40 (7.0×) E | — |"
     assert summarize(runs, "S=4") == {}  # a variant no run has
+    assert s["speedup_vs_asha"] is None and "| — |" in table  # runs recorded before the figure
+
+
+def test_summary_gives_the_speed_up_against_stock_with_asha_where_the_runs_have_it(tmp_path):
+    results = [_result(seed, 0.0, 0.0, 4.0, 0.5, False) for seed in range(3)]
+    for r, against_asha in zip(results, (0.6, 1.5, 0.9)):
+        r["workloads"]["resmlp"]["runs"][DEFAULT_VARIANT]["speedup_vs_asha"] = against_asha
+        (tmp_path / f"transfer_fidelity_{r['seed']}.json").write_text(json.dumps(r))
+    summary = summarize(runs_of([tmp_path]), DEFAULT_VARIANT)
+    assert summary["resmlp"]["speedup_vs_asha"] == [0.6, 0.9, 1.5]  # lowest, median, highest
+    assert "| 0.60–1.50× (0.90×) |" in summary_table({DEFAULT_VARIANT: summary})
 
 
 def test_summary_refuses_a_folder_without_results(tmp_path):
