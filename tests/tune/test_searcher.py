@@ -7,12 +7,14 @@ import pytest
 from ray.tune.search import Searcher
 
 import hydro.trial.fusion as fusion_module
+import hydro.tune.search.searcher as searcher_module
 from hydro.trial.fusion import PredictedFusion
 from hydro.tune import HydroSearcher, TuneSpec
 from hydro.tune.examples import digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from hydro.trial.plan import TrialKind, plan_of
-from schedulers.scale_choice import AUTO_SCALES, PILOT_CONFIGS, Pilot
+from schedulers.member_stopping import ASHA
+from schedulers.scale_choice import AUTO_SCALES, PILOT_CONFIGS, Pilot, ScaleChoice
 from tests.tune.workload import SPACE, mlp, sgd, small_digits, spec
 
 
@@ -232,3 +234,30 @@ def test_a_lost_trial_trains_again_in_a_fresh_trial_with_the_same_plan_then_fail
     s.on_trial_complete("t1", error=True)  # lost again: no fresh trial left, its members fail
     assert sorted(inner.completed) == sorted((m, 0.5, True) for m in ids)
     assert s.suggest("t2") == Searcher.FINISHED
+
+
+@pytest.mark.parametrize("scale, scheduler, warned", [
+    (4, ASHA(max_t=3, grace_period=1, reduction_factor=2), True),  # no escalation below S=8: nothing checks it
+    (2, ASHA(max_t=3, grace_period=1, reduction_factor=2), True),
+    (8, ASHA(max_t=3, grace_period=1, reduction_factor=2), False),  # the first rung's check can escalate
+    (4, None, False),  # every search member trains every epoch
+    (1, ASHA(max_t=3, grace_period=1, reduction_factor=2), False),  # no surrogates: stock's early stopping as is
+])
+def test_early_stopping_without_a_transfer_check_after_the_search_is_warned_once_the_scale_is_known(
+        caplog, scale, scheduler, warned):
+    with caplog.at_level("WARNING", logger="hydro.tune.search.searcher"):
+        HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale=scale, scheduler=scheduler)
+    assert ("no transfer check follows the search" in caplog.text) is warned
+    if warned:
+        assert f"at S={scale} " in caplog.text and "leave scheduler unset" in caplog.text
+
+
+def test_early_stopping_with_scale_auto_is_warned_when_the_measured_scale_has_no_transfer_check(caplog, monkeypatch):
+    s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale="auto",
+                      scheduler=ASHA(max_t=3, grace_period=1, reduction_factor=2))
+    choice = ScaleChoice(4, {8: 1.0, 4: 2.0})
+    monkeypatch.setattr(searcher_module, "measured_scale", lambda *args: choice)
+    monkeypatch.setattr(searcher_module, "piloted_scale", lambda spec, measured, *args: measured)
+    with caplog.at_level("WARNING", logger="hydro.tune.search.searcher"):
+        assert s.choose_scale(RandomSearch(SPACE, seed=0).suggest("x"), SPACE) == 4
+    assert caplog.text.count("no transfer check follows the search") == 1 and "at S=4 " in caplog.text

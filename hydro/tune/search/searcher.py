@@ -165,6 +165,8 @@ class HydroSearcher(Searcher):
         self.placement = placement
         self.merging = (TrialMerging(placement, spec.epochs, f"hydro-merges-{uuid.uuid4().hex[:12]}")
                         if placement is not None and not placement.bubbles else None)
+        if not self._auto:
+            self._warn_unchecked_stopping()
 
     # --- Ray Tune Searcher API -------------------------------------------------------------------------
 
@@ -338,7 +340,22 @@ class HydroSearcher(Searcher):
             pilot = [drawn.suggest(f"pilot{i}") for i in range(PILOT_CONFIGS)] if drawn else []
             self.state.scale_choice = piloted_scale(self.spec, choice, pilot, data, pool.num_samples, self.trial_cpus)
             self.driver.use_scale(self.state.scale_choice.scale)
+            self._warn_unchecked_stopping()
         return self.scale
+
+    def _warn_unchecked_stopping(self) -> None:
+        """Warn, once the search's scale is known, where per-member early stopping meets surrogates that no transfer
+        check follows (no escalation below S=8): the stopped configurations rank by their early epochs."""
+        policy = self.driver.policy
+        if self.state.stopping is None or policy.scale == 1 or policy.can_escalate():
+            return
+        logger.warning("hydro: per-member early stopping ranks the configurations it stops by their early epochs, and "
+                       "at S=%d no transfer check follows the search (escalation needs S >= 8): on a model whose "
+                       "early epochs rank configurations unlike its last ones (overfitting, slow starters) the ones "
+                       "that win late are dropped before any rung trains them, and the returned configuration can "
+                       "be points worse. There, leave scheduler unset (the width ladder is the cheaper filter) or "
+                       "search at scale=8, whose transfer check escalates on it "
+                       "(docs/tuner-and-transfer.md#per-member-early-stopping)", policy.scale)
 
     def _loaded_data(self) -> tuple[DataSource, DataSource]:
         """The workload's data, loaded in this process when first needed (it is not pickled with the searcher)."""
