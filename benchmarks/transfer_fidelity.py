@@ -22,7 +22,10 @@ Per workload, N configurations are drawn once (seeded random search) and tuned
     (``schedulers.halving_choice.auto_halving``) says so on those curves; the decision and why are in the JSON;
   * the same with the user's early stopping in the search ("+asha"): the search's members stopped by ASHA (grace
     period 1, reduction factor 2, as stock + ASHA; ``HydroSearcher(scheduler=ASHAScheduler(...))``), the stages
-    after it ranking them as the search driver does (by their last value, whatever epoch a stopped one reached).
+    after it ranking them as the search driver does (by their last value, whatever epoch a stopped one reached);
+    "auto+halving-auto+asha" searches at the scale "auto" measures without regard to the early stopping, where
+    ``HydroSearcher(scale="auto")`` with a scheduler searches at S=8 (``schedulers.scale_choice.auto_scales``),
+    as "S=8 ladder+escalate-probe+fallback-2+halving-auto+asha" does.
 Each variant's planned cost of the stages after the search (``plan_cost``) and what it trained, the search
 included (``trained_cost``), in full-size trainings, are in the JSON.
 Reported: the target's validation metric against stock's best ("shortfall"; and a few full-size seeds of

@@ -118,6 +118,15 @@ def _timed(step_seconds: Callable[[int], float], scale: int) -> float:
     return seconds
 
 
+def auto_scales(early_stopping: bool) -> tuple[int, ...]:
+    """The candidates of ``scale="auto"``: :data:`AUTO_SCALES`, or with per-member early stopping in the search only
+    those whose first rung's transfer check can escalate (S/2 >= ``MIN_ESCALATION_SCALE``): early stopping ranks the
+    configurations it stops by their early epochs, and below them nothing after the search checks that ranking (the
+    measurements: ``docs/design/scale-choice.md``). The search's surrogates there need no pilot: the escalation is
+    their check."""
+    return tuple(s for s in AUTO_SCALES if s // 2 >= MIN_ESCALATION_SCALE) if early_stopping else AUTO_SCALES
+
+
 # The pilot: before the search, a few configurations train at the chosen scale S and at S/2 for a share of the
 # epochs; when their rankings disagree confidently, S is too narrow to rank the workload and the search trains at
 # S/2. Only where S/2 is a scale escalation would rank at (S >= 8): finer choices are already the fine ones.

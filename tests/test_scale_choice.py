@@ -10,7 +10,8 @@ from hydro.trial.scale_plan import measured_scale, piloted_scale
 from hydro.tune.examples import digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from schedulers.scale_choice import (AUTO_SCALES, PILOT_CONFIGS, CannotShrink, NoScale, Pilot, ScaleChoice,
-                                     checked_scale, choose_scale)
+                                     auto_scales, checked_scale, choose_scale)
+from schedulers.transfer import MIN_ESCALATION_SCALE
 
 
 def timed(seconds: dict[int, float], asked: list[int]):
@@ -102,6 +103,11 @@ def test_strict_shrinking_skips_the_scales_it_refuses():
     choice = measured_scale(spec, RandomSearch(space, seed=0).suggest("x"), spec.load_data(), members=2, threads=1)
     assert 8 in choice.skipped and "min_width" in choice.skipped[8] and 8 not in choice.step_s
     assert choice.scale in (4, 2)
+
+
+def test_auto_with_early_stopping_chooses_only_among_scales_whose_transfer_check_can_escalate():
+    assert auto_scales(early_stopping=False) == AUTO_SCALES
+    assert auto_scales(early_stopping=True) == tuple(s for s in AUTO_SCALES if s // 2 >= MIN_ESCALATION_SCALE) == (8,)
 
 
 def test_a_search_is_checked_at_its_scale_or_with_auto_at_the_coarsest_candidate():

@@ -30,11 +30,13 @@ MIN_STEPS, MIN_TIME_S = 3, 0.1  # per timing, after a warm-up step: enough that 
 
 
 def measured_scale(spec: TuneSpec, config: Mapping, data: tuple[DataSource, DataSource], members: int,
-                   threads: int, device: torch.device | None = None) -> ScaleChoice:
+                   threads: int, device: torch.device | None = None,
+                   scales: Sequence[int] = AUTO_SCALES) -> ScaleChoice:
     """The scale a search of ``spec`` trains its surrogates at: ``min(members, 16)`` µP surrogates of
     ``config`` fused and trained on one batch of ``data``'s training split, on ``device`` (default: this
-    process's GPU, else CPU) with ``threads`` torch threads, in ``spec.precision``, at each of
-    :data:`~schedulers.scale_choice.AUTO_SCALES` in turn (a scale the model cannot be shrunk to is skipped).
+    process's GPU, else CPU) with ``threads`` torch threads, in ``spec.precision``, at each of ``scales`` (coarse to
+    fine; default :data:`~schedulers.scale_choice.AUTO_SCALES`) in turn (a scale the model cannot be shrunk to is
+    skipped; :class:`~schedulers.scale_choice.NoScale` if none is left).
     Steps are timed by the process's user CPU time on a CPU (neither other processes' load nor a fresh process's
     page faults count), by the wall clock on a GPU."""
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -54,7 +56,7 @@ def measured_scale(spec: TuneSpec, config: Mapping, data: tuple[DataSource, Data
             return measure_fusion(lambda: copy.deepcopy(template), (x, y), spec.loss, count, device, MIN_STEPS,
                                   MIN_TIME_S, clock, memory=False).step_time_s
 
-    choice = choose_scale(step_seconds, AUTO_SCALES)
+    choice = choose_scale(step_seconds, scales)
     logger.info("scale='auto': S=%d for the search on %s (%d fused members, %d threads): %s", choice.scale,
                 device, count, threads, choice.reason)
     return choice

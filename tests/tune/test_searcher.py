@@ -14,7 +14,7 @@ from hydro.tune.examples import digits_mlp
 from hydro.tune.search.random_search import RandomSearch
 from hydro.trial.plan import TrialKind, plan_of
 from schedulers.member_stopping import ASHA
-from schedulers.scale_choice import AUTO_SCALES, PILOT_CONFIGS, Pilot, ScaleChoice
+from schedulers.scale_choice import AUTO_SCALES, PILOT_CONFIGS, NoScale, Pilot, ScaleChoice
 from tests.tune.workload import SPACE, mlp, sgd, small_digits, spec
 
 
@@ -252,12 +252,58 @@ def test_early_stopping_without_a_transfer_check_after_the_search_is_warned_once
         assert f"at S={scale} " in caplog.text and "leave scheduler unset" in caplog.text
 
 
-def test_early_stopping_with_scale_auto_is_warned_when_the_measured_scale_has_no_transfer_check(caplog, monkeypatch):
+def test_scale_auto_with_early_stopping_searches_where_the_transfer_check_can_escalate(caplog, monkeypatch):
+    """Per-member early stopping ranks the configurations it stops by their early epochs: ``scale="auto"`` then
+    measures only the scales whose first rung can escalate (S=8) and skips the pilot, which could move the search to
+    S=4, where nothing would check that ranking."""
+    asked, piloted = [], []
+
+    def measured(*args, scales=AUTO_SCALES):
+        asked.append(tuple(scales))
+        return ScaleChoice(scales[0], {scales[0]: 1.0})
+
+    monkeypatch.setattr(searcher_module, "measured_scale", measured)
+    monkeypatch.setattr(searcher_module, "piloted_scale", lambda spec, choice, *args: piloted.append(choice) or choice)
     s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale="auto",
                       scheduler=ASHA(max_t=3, grace_period=1, reduction_factor=2))
-    choice = ScaleChoice(4, {8: 1.0, 4: 2.0})
-    monkeypatch.setattr(searcher_module, "measured_scale", lambda *args: choice)
-    monkeypatch.setattr(searcher_module, "piloted_scale", lambda spec, measured, *args: measured)
+    with caplog.at_level("INFO", logger="hydro.tune.search.searcher"):
+        assert s.choose_scale(RandomSearch(SPACE, seed=0).suggest("x"), SPACE) == 8
+    assert asked == [(8,)] and piloted == [] and "S=8 without a pilot" in caplog.text
+    assert "no transfer check follows the search" not in caplog.text
+    plain = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale="auto")
+    assert plain.choose_scale(RandomSearch(SPACE, seed=0).suggest("x"), SPACE) == 8
+    assert asked[1:] == [AUTO_SCALES] and len(piloted) == 1  # without early stopping: every scale, then the pilot
+
+
+def test_scale_auto_with_early_stopping_on_a_model_too_small_for_s8_chooses_as_without_and_warns(caplog, monkeypatch):
+    asked = []
+
+    def measured(*args, scales=AUTO_SCALES):
+        asked.append(tuple(scales))
+        if 8 in scales and len(scales) == 1:
+            raise NoScale("cannot be shrunk to S=8")
+        return ScaleChoice(4, {4: 1.0}, skipped={8: "too narrow"})
+
+    monkeypatch.setattr(searcher_module, "measured_scale", measured)
+    monkeypatch.setattr(searcher_module, "piloted_scale", lambda spec, choice, *args: choice)
+    s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale="auto",
+                      scheduler=ASHA(max_t=3, grace_period=1, reduction_factor=2))
     with caplog.at_level("WARNING", logger="hydro.tune.search.searcher"):
         assert s.choose_scale(RandomSearch(SPACE, seed=0).suggest("x"), SPACE) == 4
+    assert asked == [(8,), AUTO_SCALES]
     assert caplog.text.count("no transfer check follows the search") == 1 and "at S=4 " in caplog.text
+
+
+def test_scale_auto_with_early_stopping_measures_s8_alone_on_a_real_model(caplog):
+    wide, space = digits_mlp(epochs=3, hidden=64)
+    s = HydroSearcher(wide, RandomSearch(space, seed=0), num_samples=4, fusion=2, scale="auto",
+                      scheduler=ASHA(max_t=3, grace_period=1, reduction_factor=2))
+    with caplog.at_level("INFO"):
+        plans = [plan_of(s.suggest("t0")), plan_of(s.suggest("t1"))]
+    assert s.scale_choice.scale == 8 and set(s.scale_choice.step_s) == {8}  # S=4 and S=2 not even timed
+    assert all(p.scale == 8 for p in plans) and "configurations at S=8 and S=4" not in caplog.text  # no pilot
+    # the test workload's MLP is too narrow for S=8: chosen as without early stopping, and warned
+    narrow = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale="auto",
+                           scheduler=ASHA(max_t=3, grace_period=1, reduction_factor=2))
+    plan_of(narrow.suggest("t0"))
+    assert narrow.scale < 8 and 8 in narrow.scale_choice.skipped and "no transfer check follows" in caplog.text

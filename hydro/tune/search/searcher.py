@@ -11,6 +11,7 @@ best target's: the best configurations at full size, in µP when the members wer
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import pickle
@@ -46,7 +47,8 @@ from hydro.tune.search.space_check import check_batch_size_space, other_values
 from schedulers.member_ledger import EventKind, MemberEvent
 from schedulers.member_pool import MemberPool, Suggestion
 from schedulers.member_stopping import MemberStopping, StoppingRule
-from schedulers.scale_choice import AUTO, PILOT_CONFIGS, ScaleChoice, checked_scale
+from schedulers.scale_choice import (AUTO, AUTO_SCALES, PILOT_CONFIGS, NoScale, ScaleChoice, auto_scales,
+                                     checked_scale)
 from schedulers.search_driver import DriverState, SearchDriver, Stage, StageRun
 from schedulers.transfer import TransferPolicy
 from schedulers.trial_slots import trial_slots, whole_round_counts
@@ -331,15 +333,32 @@ class HydroSearcher(Searcher):
     def choose_scale(self, config: Mapping, space: Mapping | None = None) -> int:
         """The search's surrogate scale; with ``scale="auto"`` measured once, on ``config`` (a member's), then
         checked by the pilot on configurations drawn from ``space`` (default: the param space Tune passed), and
-        kept (``fit`` chooses before Ray starts; else the first member's configuration decides)."""
+        kept (``fit`` chooses before Ray starts; else the first member's configuration decides). With per-member
+        early stopping, among the scales whose transfer check can escalate, without a pilot
+        (:func:`~schedulers.scale_choice.auto_scales`), where the model can be shrunk to one."""
         if self._auto and self.state.scale_choice is None:
             pool, data = self.driver.state.pool, self._loaded_data()
-            choice = measured_scale(self.spec, config, data, min(pool.num_samples, pool.max_fusion), self.trial_cpus)
-            space = self.state.space if space is None else space
-            drawn = RandomSearch(dict(space), seed=0) if space else None
-            pilot = [drawn.suggest(f"pilot{i}") for i in range(PILOT_CONFIGS)] if drawn else []
-            self.state.scale_choice = piloted_scale(self.spec, choice, pilot, data, pool.num_samples, self.trial_cpus)
-            self.driver.use_scale(self.state.scale_choice.scale)
+            measure = functools.partial(measured_scale, self.spec, config, data, min(pool.num_samples, pool.max_fusion),
+                                        self.trial_cpus)
+            checked = auto_scales(early_stopping=self.state.stopping is not None)
+            try:
+                choice = measure(scales=checked)
+            except NoScale:
+                if checked == AUTO_SCALES:
+                    raise
+                choice = None  # too small for those: the finer scales, warned of below
+            if choice is not None and checked != AUTO_SCALES:
+                logger.info("scale='auto': S=%d without a pilot: per-member early stopping ranks the configurations "
+                            "it stops by their early epochs, and the first rung's transfer check at S=%d can escalate "
+                            "on it (none would at a finer scale)", choice.scale, choice.scale)
+            else:
+                choice = choice or measure()
+                space = self.state.space if space is None else space
+                drawn = RandomSearch(dict(space), seed=0) if space else None
+                pilot = [drawn.suggest(f"pilot{i}") for i in range(PILOT_CONFIGS)] if drawn else []
+                choice = piloted_scale(self.spec, choice, pilot, data, pool.num_samples, self.trial_cpus)
+            self.state.scale_choice = choice
+            self.driver.use_scale(choice.scale)
             self._warn_unchecked_stopping()
         return self.scale
 
