@@ -249,7 +249,23 @@ def test_early_stopping_without_a_transfer_check_after_the_search_is_warned_once
         HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale=scale, scheduler=scheduler)
     assert ("no transfer check follows the search" in caplog.text) is warned
     if warned:
-        assert f"at S={scale} " in caplog.text and "leave scheduler unset" in caplog.text
+        assert f"at S={scale} no transfer check follows the search (escalation needs S >= 8)" in caplog.text
+        assert "leave scheduler unset" in caplog.text
+
+
+def test_early_stopping_at_s8_without_escalation_is_warned_and_auto_then_chooses_as_without(caplog, monkeypatch):
+    asha = ASHA(max_t=3, grace_period=1, reduction_factor=2)
+    with caplog.at_level("WARNING", logger="hydro.tune.search.searcher"):
+        HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale=8, scheduler=asha,
+                      escalate=False)
+    assert "at S=8 no transfer check follows the search (escalate=False)" in caplog.text
+    asked = []
+    monkeypatch.setattr(searcher_module, "measured_scale",
+                        lambda *args, scales=AUTO_SCALES: asked.append(tuple(scales)) or ScaleChoice(4, {4: 1.0}))
+    monkeypatch.setattr(searcher_module, "piloted_scale", lambda spec, choice, *args: choice)
+    s = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale="auto", scheduler=asha,
+                      escalate=False)
+    assert s.choose_scale(RandomSearch(SPACE, seed=0).suggest("x"), SPACE) == 4 and asked == [AUTO_SCALES]
 
 
 def test_scale_auto_with_early_stopping_searches_where_the_transfer_check_can_escalate(caplog, monkeypatch):

@@ -50,7 +50,7 @@ from schedulers.member_stopping import MemberStopping, StoppingRule
 from schedulers.scale_choice import (AUTO, AUTO_SCALES, PILOT_CONFIGS, NoScale, ScaleChoice, auto_scales,
                                      checked_scale)
 from schedulers.search_driver import DriverState, SearchDriver, Stage, StageRun
-from schedulers.transfer import TransferPolicy
+from schedulers.transfer import MIN_ESCALATION_SCALE, TransferPolicy
 from schedulers.trial_slots import trial_slots, whole_round_counts
 
 logger = logging.getLogger(__name__)
@@ -340,7 +340,7 @@ class HydroSearcher(Searcher):
             pool, data = self.driver.state.pool, self._loaded_data()
             measure = functools.partial(measured_scale, self.spec, config, data, min(pool.num_samples, pool.max_fusion),
                                         self.trial_cpus)
-            checked = auto_scales(early_stopping=self.state.stopping is not None)
+            checked = auto_scales(early_stopping=self.state.stopping is not None and self.driver.policy.escalate)
             try:
                 choice = measure(scales=checked)
             except NoScale:
@@ -368,13 +368,14 @@ class HydroSearcher(Searcher):
         policy = self.driver.policy
         if self.state.stopping is None or policy.scale == 1 or policy.can_escalate():
             return
+        why = "escalate=False" if policy.scale // 2 >= MIN_ESCALATION_SCALE else "escalation needs S >= 8"
         logger.warning("hydro: per-member early stopping ranks the configurations it stops by their early epochs, and "
-                       "at S=%d no transfer check follows the search (escalation needs S >= 8): on a model whose "
+                       "at S=%d no transfer check follows the search (%s): on a model whose "
                        "early epochs rank configurations unlike its last ones (overfitting, slow starters) the ones "
                        "that win late are dropped before any rung trains them, and the returned configuration can "
                        "be points worse. There, leave scheduler unset (the width ladder is the cheaper filter) or "
                        "search at scale=8, whose transfer check escalates on it "
-                       "(docs/tuner-and-transfer.md#per-member-early-stopping)", policy.scale)
+                       "(docs/tuner-and-transfer.md#per-member-early-stopping)", policy.scale, why)
 
     def _loaded_data(self) -> tuple[DataSource, DataSource]:
         """The workload's data, loaded in this process when first needed (it is not pickled with the searcher)."""
