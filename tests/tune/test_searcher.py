@@ -317,7 +317,7 @@ def test_scale_auto_with_early_stopping_measures_s8_alone_on_a_real_model(caplog
     with caplog.at_level("INFO"):
         plans = [plan_of(s.suggest("t0")), plan_of(s.suggest("t1"))]
     assert s.scale_choice.scale == 8 and set(s.scale_choice.step_s) == {8}  # S=4 and S=2 not even timed
-    assert all(p.scale == 8 for p in plans) and "configurations at S=8 and S=4" not in caplog.text  # no pilot
+    assert all(p.scale == 8 for p in plans)  # (the pilot's skipping: the test above)
     # the test workload's MLP is too narrow for S=8: chosen as without early stopping, and warned
     narrow = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale="auto",
                            scheduler=ASHA(max_t=3, grace_period=1, reduction_factor=2))
