@@ -55,7 +55,7 @@ def plan_fusion(model_factory: Callable[[], nn.Module], batch: tuple[Tensor, Ten
     90% of free CUDA memory, or half of the available RAM on CPU. ``threads``: torch CPU threads to measure
     with, as many as the training will have (default: this process's setting). ``candidates``: the counts to
     measure (e.g. the two or three a step-time model predicts best), instead of the ladder 1, 2, 4, ...
-    Steps are timed by :func:`~hydro.profiling.throughput_clock`: with one CPU thread by this process's CPU time,
+    Steps are timed by :func:`~hydro.profiling.throughput_clock`: with one CPU thread by that thread's CPU time,
     so that a load spike during one count's steps does not make it look slower than the others.
     """
     _check_arguments(model_factory, batch, max_members, memory_budget_bytes, steps, tolerance, threads, candidates)

@@ -45,13 +45,14 @@ def test_plan_measures_with_the_trials_threads_and_restores_the_setting(batch):
         torch.set_num_threads(before)
 
 
-def test_one_thread_is_timed_by_the_process_cpu_time_and_several_by_the_wall_clock(batch, monkeypatch):
-    """With one torch thread a step's CPU time is its time on an idle core, so a load spike while one count is
-    timed cannot make it look slower; several threads idle within a step, so the wall clock times them."""
+def test_one_thread_is_timed_by_its_cpu_time_and_several_by_the_wall_clock(batch, monkeypatch):
+    """With one torch thread a step's CPU time (this thread's) is its time on an idle core, so a load spike while
+    one count is timed cannot make it look slower; several threads idle within a step, so the wall clock times
+    them."""
     ticks = iter(range(10**6))
-    monkeypatch.setattr(profiling, "user_cpu_s", lambda: 0.5 * next(ticks))  # a CPU clock far slower than a step
+    monkeypatch.setattr(profiling.time, "thread_time", lambda: 0.5 * next(ticks))  # far slower than a step
     with torch_threads(1):
-        assert throughput_clock("cpu") is profiling.user_cpu_s
+        assert throughput_clock("cpu") is profiling.time.thread_time
         assert throughput_clock("cuda") is time.perf_counter
         plan = plan_fusion(MLP, batch, nn.CrossEntropyLoss(), max_members=4, steps=1)
     times = {m.step_time_s for m in plan.measurements}
