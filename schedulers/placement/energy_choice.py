@@ -12,10 +12,15 @@ A trial's cost on type ``g`` is ``η·E + (1−η)·MaxPower·T`` (Zeus's): ``E`
 steps × (the fitted preprocessing step + the rest of its predicted step) at the fitted powers), ``T`` its
 predicted finish there (waiting for a GPU of ``g`` included), ``MaxPower`` the highest fitted power per device of
 any type.
+
+A type with no energy model gets one only from a trial placed on it, so until every type has one, a trial goes to
+a type not measured yet where it could cost least (:meth:`EnergyChoice.explore`). Its predicted energy is at most
+``MaxPower·T``, so its cost on the quickest type is at most ``MaxPower·min(T)``, and on ``g`` at least
+``(1−η)·MaxPower·T[g]``: a type with ``(1−η)·T[g] >= min(T)`` cannot be the cheaper one and is not explored.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from schedulers.energy.power_limit import energy_cost
@@ -79,6 +84,16 @@ class EnergyChoice:
         """Per GPU type with windows of both stages, its energy model."""
         return {gpu: EnergyModel.fit(rows) for gpu, rows in self.windows.items()
                 if {w.stage for w in rows} >= {Stage.PREPROCESS, Stage.COMPUTE}}
+
+    def explore(self, finish_s: Mapping[str, float], measuring: Collection[str]) -> str | None:
+        """The type a trial predicted to finish ``finish_s[type]`` seconds from now goes to so that the type gets
+        an energy model: of the types with none and no trial on them now (``measuring``: the types of the trials
+        placed and not ended), those where the trial could cost least (see the module docstring), the one it
+        would finish on first (ties: the name); ``None`` when there is no such type."""
+        models, quickest = self.models(), min(finish_s.values())
+        open_types = [gpu for gpu in finish_s if gpu not in models and gpu not in measuring
+                      and (1.0 - self.eta) * finish_s[gpu] < quickest]
+        return min(open_types, key=lambda gpu: (finish_s[gpu], gpu)) if open_types else None
 
     def rank(self, finish_s: Mapping[str, float], step_s: Mapping[str, float], steps: int,
              batch_size: int) -> EnergyRanking | None:

@@ -66,6 +66,24 @@ def test_the_least_cost_type_wins_once_every_type_has_a_model():
     assert time_only.gpu == "A100" and time_only.cost_j["A100"] == pytest.approx(400.0 * 100.0)  # MaxPower x T
 
 
+def test_until_every_type_has_a_model_a_trial_measures_one_where_it_could_cost_least():
+    choice = EnergyChoice(eta=0.5)
+    free = {"A100": 1.0, "V100": 2.5}  # both types free: V100 is 2.5x slower
+    assert choice.explore(free, measuring=()) == "A100"  # nothing measured: the quickest
+    assert choice.explore(free, measuring={"A100"}) is None  # (1 - 0.5) x 2.5 >= 1: V100 cannot cost less
+    queued = {"A100": 3.0, "V100": 2.5}  # the A100 busy with the trial measuring it
+    assert choice.explore(queued, measuring={"A100"}) == "V100"
+    assert choice.explore(queued, measuring={"A100", "V100"}) is None  # both being measured
+    assert EnergyChoice(eta=1.0).explore(free, measuring={"A100"}) == "V100"  # energy only: any type could win
+    assert EnergyChoice(eta=0.0).explore(queued, measuring=()) is None  # time only: energy models decide nothing
+    measured(choice, "A100", 400.0, wait_s=0.5, compute_s=2.0)
+    assert choice.explore(queued, measuring=()) == "V100"  # A100 has its model; V100 is still to measure
+    assert choice.explore(free, measuring=()) is None
+    measured(choice, "V100", 150.0, wait_s=0.5, compute_s=2.4)
+    assert choice.explore(queued, measuring=()) is None  # every type has a model: rank decides
+    assert choice.rank(queued, {"A100": 0.25, "V100": 0.3}, steps=300, batch_size=BATCH) is not None
+
+
 def test_a_moved_trial_holds_its_new_type():
     finish = PredictedFinish({"fast": GpuType("fast", 2.0, 0.0), "slow": GpuType("slow", 1.0, 0.0)},
                              {"fast": 1, "slow": 1})

@@ -36,6 +36,10 @@ def test_with_energy_later_trials_are_placed_by_predicted_cost(two_type_cluster,
     assert {line.split(" placed on ")[1].split(":")[0] for line in lines} <= set(TYPES)
     by_cost = [line for line in lines if "; predicted cost " in line]
     assert by_cost, lines  # the target comes after both types' search trials measured
+    # the V100 (prior: half the A100's speed) got its energy model from a trial placed there to measure it, while
+    # the A100 was busy: the one type trials would otherwise all have gone to left no model to rank by
+    explored = [i for i, line in enumerate(lines) if "; no energy model of V100 yet: this trial measures it" in line]
+    assert explored and " placed on V100: " in lines[explored[0]] and explored[0] < lines.index(by_cost[0]), lines
     for line in by_cost:  # each went to the type of least cost in its own line
         gpu = line.split(" placed on ")[1].split(":")[0]
         costs = dict(part.rsplit(" ", 2)[:2] for part in line.split("; predicted cost ")[1].split(", "))

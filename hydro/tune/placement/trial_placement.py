@@ -10,9 +10,11 @@ the trials report (training seconds per epoch ÷ batches per epoch) correct each
 
 With energy measured (``energy_eta``: ``hydro tune --energy``), the energy windows the trials report fit an MC2
 energy model per type (:class:`~schedulers.placement.energy_choice.EnergyChoice`); once every type has one, a trial
-goes to the type of least predicted cost ``η·E + (1−η)·MaxPower·T`` instead. With bubble filling (``bubbles``),
-only the full-size targets are placed: the search's and the ladder's trials fill the pipeline jobs' bubbles on
-the jobs' own devices (or the placement service's dedicated workers), where no GPU type is chosen.
+goes to the type of least predicted cost ``η·E + (1−η)·MaxPower·T`` instead, and until then to a type not measured
+yet where it could cost least (:meth:`~schedulers.placement.energy_choice.EnergyChoice.explore`), so that every
+type gets one. With bubble filling (``bubbles``), only the full-size targets are placed: the search's and the
+ladder's trials fill the pipeline jobs' bubbles on the jobs' own devices (or the placement service's dedicated
+workers), where no GPU type is chosen.
 """
 from __future__ import annotations
 
@@ -92,11 +94,17 @@ class TrialPlacement:
         steps, batch = self.spec.epochs * self._steps_per_epoch(plan), self.spec.batch_size_of(plan.members[0][1])
         choice = self.finish.choose(trial_id, work, len(plan.members), steps, overhead)
         why = "predicted finish " + ", ".join(f"{gpu} {s:.3g} s" for gpu, s in sorted(choice.finish_s.items()))
-        ranking = None if self.energy is None else self.energy.rank(choice.finish_s, choice.step_s, steps, batch)
-        if ranking is not None:
-            self.finish.move(trial_id, ranking.gpu)
-            choice = Choice(ranking.gpu, choice.finish_s, choice.step_s)
-            why += "; predicted cost " + ", ".join(f"{gpu} {j:.3g} J" for gpu, j in sorted(ranking.cost_j.items()))
+        if self.energy is not None:
+            gpu = choice.gpu
+            if (ranking := self.energy.rank(choice.finish_s, choice.step_s, steps, batch)) is not None:
+                gpu = ranking.gpu
+                why += "; predicted cost " + ", ".join(f"{g} {j:.3g} J" for g, j in sorted(ranking.cost_j.items()))
+            elif (explored := self.energy.explore(choice.finish_s, {
+                    placed.gpu for key, placed in self.finish.trials.items() if key != trial_id})) is not None:
+                gpu = explored
+                why += f"; no energy model of {gpu} yet: this trial measures it"
+            self.finish.move(trial_id, gpu)
+            choice = Choice(gpu, choice.finish_s, choice.step_s)
         self.choices[trial_id], self._batch[trial_id] = choice, batch
         logger.info("trial %s (%d members) placed on %s: %s", trial_id, len(plan.members), choice.gpu, why)
         return {**config, PLACEMENT_KEY: self.requests[choice.gpu]}
