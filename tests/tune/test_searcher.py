@@ -314,9 +314,11 @@ def test_scale_auto_with_early_stopping_measures_s8_alone_on_a_real_model(caplog
     wide, space = digits_mlp(epochs=3, hidden=64)
     s = HydroSearcher(wide, RandomSearch(space, seed=0), num_samples=4, fusion=2, scale="auto",
                       scheduler=ASHA(max_t=3, grace_period=1, reduction_factor=2))
-    with caplog.at_level("INFO"):  # (suggest would start the run's stopping service, and Ray with it)
+    # choose_scale, not suggest: suggest would start the run's stopping service, and Ray with it, in this process
+    with caplog.at_level("INFO"):
         assert s.choose_scale(RandomSearch(space, seed=0).suggest("x"), space) == 8
     assert s.scale_choice.scale == 8 and set(s.scale_choice.step_s) == {8}  # S=4 and S=2 not even timed
+    assert "S=8 without a pilot" in caplog.text and "configurations at S=8 and S=4" not in caplog.text  # no pilot
     # the test workload's MLP is too narrow for S=8: chosen as without early stopping, and warned
     narrow = HydroSearcher(spec(), RandomSearch(SPACE, seed=0), num_samples=4, fusion=2, scale="auto",
                            scheduler=ASHA(max_t=3, grace_period=1, reduction_factor=2))
